@@ -23,11 +23,14 @@ install: $(BIN)/.installed
 build: install
 	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
 
+# The suite, plus every benchmark run once as a smoke test (so benches/ cannot rot).
 test: build
-	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest
+	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest tests benches --benchmark-disable
 
+# ns per merge / per token, saved for later comparison, then printed as the README's tables.
 bench: build
-	$(BIN)/python -m pytest --benchmark-only benches/
+	$(BIN)/python -m pytest --benchmark-only benches/ --benchmark-autosave --benchmark-json=.benchmarks/latest.json
+	$(BIN)/python -m benches.report .benchmarks/latest.json
 
 generate: install
 	$(BIN)/python -m rosefast generate "$(PROMPT)"

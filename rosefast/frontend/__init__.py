@@ -1,8 +1,8 @@
 """The path every token crosses on its way to the client: each module compiled, each with a pure twin."""
-from rosefast.frontend import admission
+from rosefast.frontend import admission, collector, fanout
 from rosefast.frontend._select import NO_EXTENSIONS, is_compiled
 
-ACCELERATED = (admission,)
+ACCELERATED = (admission, collector, fanout)
 
 #: True when every accelerated module runs its compiled flavour.
 EXTENSIONS = all(is_compiled(m._impl) for m in ACCELERATED)

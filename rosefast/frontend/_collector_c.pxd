@@ -1,0 +1,28 @@
+cdef extern from "ptrvec.h":
+    ctypedef struct rf_ptrvec:
+        void **items
+        size_t len
+        size_t cap
+
+
+cdef class StreamChunk:
+    cdef public object token_ids
+    cdef public object text
+    cdef public object finished
+    cdef public object finish_reason
+
+
+cdef class StreamOutputCollector:
+    cdef rf_ptrvec _ids        # owned references to the waiting chunk's token id objects
+    cdef rf_ptrvec _pieces     # owned references to its non-empty text pieces
+    cdef Py_ssize_t _text_len  # total code points in _pieces
+    cdef unsigned int _maxchar
+    cdef bint _finished
+    cdef object _reason
+    cdef bint _has
+    cdef object _error
+    cdef readonly Py_ssize_t merges
+
+    cdef int _put(self, object token_ids, object text, bint finished, object finish_reason) except -1
+    cpdef object get_nowait(self)
+    cdef object _take_text(self)

@@ -1,0 +1,107 @@
+"""StreamOutputCollector, pure Python: the reference for _collector_c.pyx."""
+
+FIELDS = ("token_ids", "text", "finished", "finish_reason")
+
+
+def check_delta(token_ids, text, finish_reason):
+    """Raise TypeError for a delta that would corrupt the stream; nothing is changed before this passes."""
+    if not isinstance(text, str):
+        raise TypeError(f"chunk text must be str, not {type(text).__name__}")
+    if not isinstance(token_ids, (list, tuple)):
+        raise TypeError(f"chunk token_ids must be a list or tuple, not {type(token_ids).__name__}")
+    if finish_reason is not None and not isinstance(finish_reason, str):
+        raise TypeError(f"chunk finish_reason must be str or None, not {type(finish_reason).__name__}")
+
+
+def chunk_fields(chunk):
+    """The four fields of a chunk-like object, or TypeError naming the one that is missing."""
+    try:
+        return chunk.token_ids, chunk.text, chunk.finished, chunk.finish_reason
+    except AttributeError:
+        missing = [f for f in FIELDS if not hasattr(chunk, f)]
+        raise TypeError(f"chunk {type(chunk).__name__} is missing field(s): {', '.join(missing)}") from None
+
+
+class StreamChunk:
+    __slots__ = FIELDS
+
+    def __init__(self, token_ids, text, finished=False, finish_reason=None):
+        self.token_ids = token_ids
+        self.text = text
+        self.finished = finished
+        self.finish_reason = finish_reason
+
+    def __eq__(self, other):
+        try:
+            return chunk_fields(self) == chunk_fields(other)
+        except TypeError:
+            return NotImplemented
+
+    def __repr__(self):
+        return (f"StreamChunk(token_ids={self.token_ids!r}, text={self.text!r}, "
+                f"finished={self.finished!r}, finish_reason={self.finish_reason!r})")
+
+
+class StreamOutputCollector:
+    __slots__ = ("_ids", "_text", "_pieces", "_finished", "_reason", "_has", "_error", "merges")
+
+    def __init__(self):
+        self._ids = None
+        self._text = None
+        self._pieces = None   # None until the first merge: the common depth-1 case never builds it
+        self._finished = False
+        self._reason = None
+        self._has = False
+        self._error = None
+        self.merges = 0
+
+    def put(self, token_ids, text, finished, finish_reason):
+        """Store or merge one delta; True when the collector went from empty to ready."""
+        check_delta(token_ids, text, finish_reason)
+        if not self._has:
+            self._ids = list(token_ids)
+            self._text = text
+            self._finished = bool(finished)
+            self._reason = finish_reason
+            self._has = True
+            return self._error is None
+        self._ids.extend(token_ids)
+        if self._pieces is None:
+            self._pieces = [self._text, text]
+        else:
+            self._pieces.append(text)
+        if finished:
+            self._finished = True
+        if finish_reason:
+            self._reason = finish_reason
+        self.merges += 1
+        return False
+
+    def put_nowait(self, chunk):
+        """Store or merge `chunk` (any object with the four fields); True when it became ready."""
+        return self.put(*chunk_fields(chunk))
+
+    def put_error(self, exc):
+        """Fail the stream: the consumer gets `exc` raised after the chunk already waiting."""
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"put_error needs an exception, not {type(exc).__name__}")
+        was_ready = self._has or self._error is not None
+        self._error = exc
+        return not was_ready
+
+    def get_nowait(self):
+        """The waiting (merged) chunk as a fresh object the consumer owns, or None."""
+        if not self._has:
+            if self._error is not None:
+                raise self._error
+            return None
+        text = self._text if self._pieces is None else "".join(self._pieces)
+        chunk = StreamChunk(self._ids, text, self._finished, self._reason)
+        self._ids = self._text = self._pieces = self._reason = None
+        self._finished = False
+        self._has = False
+        return chunk
+
+    @property
+    def ready(self):
+        return self._has or self._error is not None

@@ -1,0 +1,184 @@
+"""StreamOutputCollector: merged delivery == unmerged delivery, no aliasing, nothing lost on bad input."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import load_flavour
+
+PIECES = ["a", " ", "é", "東京", "🚀", "\n", "", "naïve", "\u200d", "x" * 40]
+
+
+@pytest.fixture
+def mod(flavour):
+    return load_flavour("collector", flavour)
+
+
+def make_stream(n):
+    """n decode-step-sized deltas; the last one finishes the stream."""
+    deltas = []
+    for i in range(n):
+        last = i == n - 1
+        deltas.append(([i, i + 1] if i % 5 == 0 else [i], PIECES[i % len(PIECES)], last, "stop" if last else None))
+    return deltas
+
+
+def unmerged(deltas):
+    ids = [t for d in deltas for t in d[0]]
+    return ids, "".join(d[1] for d in deltas), deltas[-1][2], deltas[-1][3]
+
+
+def drain(mod, collector, deltas, cadence):
+    """Put every delta; take whenever `cadence(i)` says the consumer reads; then take the rest."""
+    got = []
+    for i, d in enumerate(deltas):
+        collector.put_nowait(mod.StreamChunk(*d))
+        if cadence(i):
+            c = collector.get_nowait()
+            if c is not None:
+                got.append(c)
+    while (c := collector.get_nowait()) is not None:
+        got.append(c)
+    return got
+
+
+def concat(chunks):
+    return ([t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks),
+            any(c.finished for c in chunks), chunks[-1].finish_reason)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 17, 500])
+def test_merged_equals_unmerged_at_backlog_depth(mod, depth):
+    deltas = make_stream(depth * 3)
+    collector = mod.StreamOutputCollector()
+    got = drain(mod, collector, deltas, lambda i: (i + 1) % depth == 0)
+    assert concat(got) == unmerged(deltas)
+    assert len(got) == 3
+    assert collector.merges == 3 * (depth - 1)
+    assert [c.finished for c in got] == [False, False, True]
+
+
+@pytest.mark.parametrize("name", ["c", "py"])
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 49151), max_size=3), st.text(max_size=6)), min_size=1,
+                max_size=60),
+       st.lists(st.booleans(), min_size=1, max_size=60))
+def test_random_cadence_and_multibyte_text(name, items, reads):
+    mod = load_flavour("collector", name)
+    deltas = [(ids, text, i == len(items) - 1, "length" if i == len(items) - 1 else None)
+              for i, (ids, text) in enumerate(items)]
+    collector = mod.StreamOutputCollector()
+    got = drain(mod, collector, deltas, lambda i: reads[i % len(reads)])
+    ids, text, finished, reason = concat(got)
+    assert (ids, text.encode(), finished, reason) == (
+        unmerged(deltas)[0], unmerged(deltas)[1].encode(), True, "length")
+
+
+def test_producer_lists_are_never_mutated_nor_aliased(mod):
+    collector = mod.StreamOutputCollector()
+    first, second, third = [1, 2], [3], [4, 5]
+    collector.put_nowait(mod.StreamChunk(first, "a", False, None))
+    collector.put_nowait(mod.StreamChunk(second, "b", False, None))  # merged into the waiting chunk
+    collector.put_nowait(mod.StreamChunk(third, "c", False, None))
+    assert (first, second, third) == ([1, 2], [3], [4, 5])
+    chunk = collector.get_nowait()
+    assert chunk.token_ids == [1, 2, 3, 4, 5]
+    assert chunk.token_ids is not first
+    # the consumer's chunk is its own: later producer activity does not reach it
+    first.append(99)
+    collector.put_nowait(mod.StreamChunk(first, "d", False, None))
+    collector.put_nowait(mod.StreamChunk([7], "e", False, None))
+    assert chunk.token_ids == [1, 2, 3, 4, 5] and chunk.text == "abc"
+    assert first == [1, 2, 99]
+    assert collector.get_nowait().token_ids == [1, 2, 99, 7]
+
+
+def test_single_chunk_is_copied_too(mod):
+    collector = mod.StreamOutputCollector()
+    ids = [5]
+    collector.put_nowait(mod.StreamChunk(ids, "x", False, None))
+    ids.append(6)
+    assert collector.get_nowait().token_ids == [5]
+
+
+def test_tuple_ids_are_accepted(mod):
+    collector = mod.StreamOutputCollector()
+    collector.put_nowait(mod.StreamChunk((1, 2), "a", False, None))
+    collector.put_nowait(mod.StreamChunk((3,), "b", False, None))
+    assert collector.get_nowait().token_ids == [1, 2, 3]
+
+
+def test_non_str_text_raises_and_keeps_what_was_accumulated(mod):
+    collector = mod.StreamOutputCollector()
+    collector.put_nowait(mod.StreamChunk([1], "Hel", False, None))
+    collector.put_nowait(mod.StreamChunk([2], "lo", False, None))
+    with pytest.raises(TypeError, match="text must be str"):
+        collector.put_nowait(mod.StreamChunk([3], b"bytes", True, "stop"))
+    with pytest.raises(TypeError, match="token_ids must be a list or tuple"):
+        collector.put_nowait(mod.StreamChunk(3, "x", True, "stop"))
+    with pytest.raises(TypeError, match="finish_reason must be str or None"):
+        collector.put_nowait(mod.StreamChunk([3], "x", True, 5))
+    chunk = collector.get_nowait()
+    assert (chunk.token_ids, chunk.text, chunk.finished, chunk.finish_reason) == ([1, 2], "Hello", False, None)
+    assert collector.merges == 1
+
+
+def test_bad_first_chunk_leaves_collector_empty(mod):
+    collector = mod.StreamOutputCollector()
+    with pytest.raises(TypeError):
+        collector.put_nowait(mod.StreamChunk([1], None, False, None))
+    assert collector.get_nowait() is None and not collector.ready
+
+
+def test_chunk_missing_a_field_is_a_clear_error(mod):
+    class Partial:
+        token_ids = [1]
+        text = "x"
+
+    collector = mod.StreamOutputCollector()
+    with pytest.raises(TypeError, match="missing field.*finished, finish_reason"):
+        collector.put_nowait(Partial())
+    assert collector.get_nowait() is None
+
+
+def test_any_object_with_the_fields_is_a_chunk(mod):
+    class Delta:
+        def __init__(self, ids, text):
+            self.token_ids, self.text, self.finished, self.finish_reason = ids, text, False, None
+
+    collector = mod.StreamOutputCollector()
+    assert collector.put_nowait(Delta([1], "a")) is True
+    assert collector.put_nowait(Delta([2], "b")) is False
+    assert collector.get_nowait() == mod.StreamChunk([1, 2], "ab", False, None)
+
+
+def test_finished_is_ored_and_last_nonempty_reason_wins(mod):
+    collector = mod.StreamOutputCollector()
+    collector.put_nowait(mod.StreamChunk([1], "a", False, None))
+    collector.put_nowait(mod.StreamChunk([2], "b", True, "stop"))
+    collector.put_nowait(mod.StreamChunk([], "", False, ""))
+    collector.put_nowait(mod.StreamChunk([], "", False, None))
+    chunk = collector.get_nowait()
+    assert chunk.finished is True and chunk.finish_reason == "stop"
+
+
+def test_put_reports_empty_to_ready_transitions(mod):
+    collector = mod.StreamOutputCollector()
+    assert collector.put_nowait(mod.StreamChunk([1], "a", False, None)) is True
+    assert collector.put_nowait(mod.StreamChunk([2], "b", False, None)) is False
+    collector.get_nowait()
+    assert collector.put_nowait(mod.StreamChunk([3], "c", False, None)) is True
+
+
+def test_error_arrives_after_the_chunks_before_it(mod):
+    collector = mod.StreamOutputCollector()
+    collector.put_nowait(mod.StreamChunk([1], "a", False, None))
+    assert collector.put_error(RuntimeError("engine step failed")) is False  # already ready
+    assert collector.get_nowait().text == "a"
+    with pytest.raises(RuntimeError, match="engine step failed"):
+        collector.get_nowait()
+    with pytest.raises(RuntimeError):  # a failed stream stays failed
+        collector.get_nowait()
+    empty = mod.StreamOutputCollector()
+    assert empty.put_error(ValueError("x")) is True and empty.ready
+    with pytest.raises(TypeError, match="needs an exception"):
+        empty.put_error("not an exception")
