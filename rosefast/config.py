@@ -1,0 +1,42 @@
+"""Settings: one flat dataclass per concern. Fields are validated where they are made."""
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class EngineConfig:
+    model: str = "smollm2-135m"        # smollm2-135m, a Hugging Face directory or a .gguf path
+    device: str = "auto"               # auto (cuda when present, else cpu), cpu, cuda, cuda:N
+    dtype: str = "auto"                # auto, float32, bfloat16, float16
+    block_size: int = 16               # tokens per KV cache block
+    kv_cache_tokens: int = 0           # KV budget in tokens; 0: take kv_memory_fraction of free memory
+    kv_memory_fraction: float = 0.10   # of free device memory (CPU: of available RAM), when kv_cache_tokens == 0
+    max_model_len: int = 0             # 0: the model's context length
+    max_batch_size: int = 64           # decode batch (max running requests)
+    prefill_max_batch_size: int = 16   # sequences per prefill step
+    max_num_batched_tokens: int = 2048 # tokens per prefill step (longer prompts are prefilled in chunks)
+    enable_prefix_cache: bool = True
+    cuda_graph: bool = True            # capture decode steps as CUDA graphs (CUDA only)
+    seed: int = 0                      # for requests without their own seed
+    num_threads: int = 0               # torch intra-op threads on CPU; 0: torch's default
+
+    def __post_init__(self):
+        for name in ("block_size", "max_batch_size", "prefill_max_batch_size", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("kv_cache_tokens", "max_model_len", "num_threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not 0 < self.kv_memory_fraction <= 0.95:
+            raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs):
+        """Build from keyword arguments, keeping only the ones that are fields (nano-vllm style)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in kwargs.items() if k in names})

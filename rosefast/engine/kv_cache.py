@@ -1,0 +1,60 @@
+"""The paged KV cache: per layer a K and a V block pool [num_blocks + 1, block_size, n_kv_heads, head_dim].
+
+The extra last block is scratch: padded slots and padded block-table entries point there, so a
+padded batch (CUDA graphs) never writes into a real sequence's blocks.
+"""
+import logging
+import os
+
+import torch
+
+log = logging.getLogger("rosefast.engine")
+
+
+def bytes_per_token(args, dtype):
+    return 2 * args.num_layers * args.num_kv_heads * args.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def available_memory(device):
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def plan_blocks(config, args, dtype, device):
+    """Number of blocks from `kv_cache_tokens`, or from `kv_memory_fraction` of the free memory."""
+    per_token = bytes_per_token(args, dtype)
+    if config.kv_cache_tokens:
+        tokens = config.kv_cache_tokens
+    else:
+        tokens = int(available_memory(device) * config.kv_memory_fraction) // per_token
+    blocks = max(1, -(-tokens // config.block_size))
+    log.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)", blocks, config.block_size,
+             blocks * config.block_size, blocks * config.block_size * per_token / 2**20, dtype)
+    return blocks
+
+
+class KVCache:
+    def __init__(self, args, num_blocks, block_size, dtype, device):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.scratch_block = num_blocks
+        # [layers, K|V, blocks + scratch, block_size, Hkv, D]
+        self.data = torch.zeros(args.num_layers, 2, num_blocks + 1, block_size, args.num_kv_heads, args.head_dim,
+                                dtype=dtype, device=device)
+        self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(args.num_layers)]
+
+    @property
+    def scratch_slot(self):
+        return self.scratch_block * self.block_size
+
+    def slot(self, block_table, position):
+        return block_table[position // self.block_size] * self.block_size + position % self.block_size

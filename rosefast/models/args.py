@@ -1,0 +1,85 @@
+"""ModelArgs: the shape of a model, read from its Hugging Face config."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rosefast.models.sources import check_architecture
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: str                    # "llama" (also qwen2) or "gpt2"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    rope_theta: float = 10000.0
+    rope_scaling: tuple = ()     # sorted (key, value) pairs of the config's rope parameters
+    eos_token_ids: tuple = ()
+
+    @property
+    def q_size(self):
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self):
+        return self.num_kv_heads * self.head_dim
+
+
+def _eos(config):
+    eos = config.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (eos,)
+
+
+def _rope(config):
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", None) or config.get("rope_theta") or 10000.0
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params["rope_type"] = rope_type
+    return float(theta), tuple(sorted(params.items()))
+
+
+def model_args_from_config(config):
+    """ModelArgs from a config dict (config.json)."""
+    model_type = config.get("model_type")
+    check_architecture(model_type, "config.json")
+    if model_type == "gpt2":
+        hidden = config["n_embd"]
+        heads = config["n_head"]
+        return ModelArgs(
+            arch="gpt2", vocab_size=config["vocab_size"], hidden_size=hidden, num_layers=config["n_layer"],
+            num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+            intermediate_size=config.get("n_inner") or 4 * hidden, norm_eps=config.get("layer_norm_epsilon", 1e-5),
+            max_position_embeddings=config["n_positions"], tie_word_embeddings=True,
+            qkv_bias=True, o_bias=True, mlp_bias=True, eos_token_ids=_eos(config),
+        )
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    theta, scaling = _rope(config)
+    qkv_bias = bool(config.get("attention_bias", False)) or model_type == "qwen2"
+    return ModelArgs(
+        arch="llama", vocab_size=config["vocab_size"], hidden_size=hidden, num_layers=config["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or hidden // heads, intermediate_size=config["intermediate_size"],
+        norm_eps=config.get("rms_norm_eps", 1e-6), max_position_embeddings=config.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
+        o_bias=bool(config.get("attention_bias", False)) and model_type != "qwen2",
+        mlp_bias=bool(config.get("mlp_bias", False)), rope_theta=theta, rope_scaling=scaling,
+        eos_token_ids=_eos(config),
+    )
+
+
+def load_model_args(path):
+    with open(Path(path) / "config.json", encoding="utf-8") as f:
+        return model_args_from_config(json.load(f))

@@ -1,0 +1,81 @@
+"""The Llama family (Llama, SmolLM2, TinyLlama, Qwen2-style bias) on the paged KV cache."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rosefast.models.layers import apply_rope, paged_attention
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.args = args
+        self.input_norm = nn.Parameter(torch.ones(args.hidden_size))
+        self.qkv = nn.Linear(args.hidden_size, args.q_size + 2 * args.kv_size, bias=args.qkv_bias)  # fused q|k|v
+        self.o = nn.Linear(args.q_size, args.hidden_size, bias=args.o_bias)
+        self.post_norm = nn.Parameter(torch.ones(args.hidden_size))
+        self.gate_up = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)   # fused gate|up
+        self.down = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        self.scale = args.head_dim ** -0.5
+
+    def forward(self, x, cos, sin, meta, k_cache, v_cache):
+        a = self.args
+        h = F.rms_norm(x, (a.hidden_size,), self.input_norm, a.norm_eps)
+        qkv = self.qkv(h).view(-1, a.num_heads + 2 * a.num_kv_heads, a.head_dim)    # [T, H+2Hkv, D]
+        qk = apply_rope(qkv[:, :a.num_heads + a.num_kv_heads], cos, sin)              # q and k in one pass
+        q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
+        v = qkv[:, a.num_heads + a.num_kv_heads:]
+        attn = paged_attention(q, k, v, k_cache, v_cache, meta, a.num_kv_heads, self.scale)
+        x = x + self.o(attn)
+        h = F.rms_norm(x, (a.hidden_size,), self.post_norm, a.norm_eps)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.args = args
+        self.embed = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(LlamaLayer(args) for _ in range(args.num_layers))
+        self.norm = nn.Parameter(torch.ones(args.hidden_size))
+        self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.rope_cos = self.rope_sin = None   # [P, D] tables, set by the runner (rope_cache)
+
+    def forward(self, input_ids, positions, meta, kv_caches):
+        """input_ids, positions: [T] -> hidden states [T, hidden] (before the final norm)."""
+        x = self.embed(input_ids)
+        cos = self.rope_cos[positions].unsqueeze(1)     # [T, 1, D]
+        sin = self.rope_sin[positions].unsqueeze(1)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, meta, k_cache, v_cache)
+        return x
+
+    def logits(self, hidden):
+        h = F.rms_norm(hidden, (self.args.hidden_size,), self.norm, self.args.norm_eps)
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h, weight)
+
+
+def llama_state_dict(hf, args):
+    """Our parameter names from a Hugging Face Llama/Qwen2 state dict (q|k|v and gate|up fused)."""
+    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm": hf["model.norm.weight"]}
+    if not args.tie_word_embeddings:
+        out["lm_head.weight"] = hf["lm_head.weight"]
+    for i in range(args.num_layers):
+        p = f"model.layers.{i}."
+        o = f"layers.{i}."
+        out[o + "input_norm"] = hf[p + "input_layernorm.weight"]
+        out[o + "post_norm"] = hf[p + "post_attention_layernorm.weight"]
+        out[o + "qkv.weight"] = torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        if args.qkv_bias:
+            out[o + "qkv.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+        out[o + "o.weight"] = hf[p + "self_attn.o_proj.weight"]
+        if args.o_bias:
+            out[o + "o.bias"] = hf[p + "self_attn.o_proj.bias"]
+        out[o + "gate_up.weight"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+        out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
+        if args.mlp_bias:
+            out[o + "gate_up.bias"] = torch.cat([hf[p + "mlp.gate_proj.bias"], hf[p + "mlp.up_proj.bias"]])
+            out[o + "down.bias"] = hf[p + "mlp.down_proj.bias"]
+    return out

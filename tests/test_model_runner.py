@@ -1,0 +1,175 @@
+"""Our torch forward on the paged KV cache against Hugging Face's own forward, and the sampler."""
+import pytest
+import torch
+
+from rosefast.config import EngineConfig
+from rosefast.engine.model_runner import ModelRunner, SeqInput
+from rosefast.engine.sampling import Sampler, SamplingParams
+from rosefast.models import load_hf_model, load_tokenizer, tiny_random
+from tests.paged import max_abs_diff, run_hf, run_ours
+
+TEXTS = [
+    "Hello there, how are you doing today my friend?",
+    "The capital of France is",
+    "def fib(n):\n    return",
+    "A B C D E F G H I J K L M N O P Q R S T U V W X Y Z a b c d e f g",
+]
+GEN_TEXTS = TEXTS + ["Once upon a time", "1, 2, 3, 4,", "The best way to learn Python is",
+                     "Translate to French: good morning"]
+
+
+def runner_for(model, dtype="float32", **kw):
+    return ModelRunner(EngineConfig(model=model, dtype=dtype, kv_cache_tokens=kw.pop("kv_cache_tokens", 8192), **kw))
+
+
+def check_against_hf(model, steps=16, tol=1e-4):
+    tok = load_tokenizer(model)
+    prompts = [tok(t).input_ids for t in TEXTS]
+    assert len({len(p) for p in prompts}) == 4  # four different lengths, packed in one prefill
+    hf = load_hf_model(model)
+    ref = [run_hf(hf, p, steps) for p in prompts]
+    ours = run_ours(runner_for(model), prompts, steps, next_tokens=[fed for _, fed in ref])
+    diff = max_abs_diff([r for r, _ in ref], ours)
+    assert diff < tol, f"max abs logit difference {diff:.2e}"
+    return diff
+
+
+TINY_VARIANTS = {
+    "llama": ("llama", {}),
+    "gpt2": ("gpt2", {}),
+    "qwen2-bias-untied": ("qwen2", {}),
+    "llama-untied-linear-rope": ("llama", {"tie_word_embeddings": False,
+                                           "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
+    "llama-mha-llama3-rope": ("llama", {"num_key_value_heads": 4, "rope_parameters": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64, "rope_theta": 500000.0}}),
+}
+
+
+@pytest.mark.parametrize("variant", TINY_VARIANTS)
+def test_tiny_logits_match_hf(variant, default_model):
+    arch, overrides = TINY_VARIANTS[variant]
+    check_against_hf(tiny_random(arch, **overrides))
+
+
+@pytest.mark.slow
+def test_smollm2_logits_match_hf(default_model):
+    check_against_hf(default_model)
+
+
+@pytest.mark.slow
+def test_batched_greedy_equals_hf_generate_alone(default_model):
+    tok = load_tokenizer(default_model)
+    hf = load_hf_model(default_model)
+    prompts = [tok(t).input_ids for t in GEN_TEXTS]
+    steps = 20
+    ours = run_ours(runner_for(default_model), prompts, steps)
+    for prompt, logits in zip(prompts, ours):
+        ours_tokens = [int(logits[0][-1].argmax())] + [int(step[-1].argmax()) for step in logits[1:-1]]
+        with torch.inference_mode():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False,
+                              pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(prompt):].tolist()
+        assert ours_tokens == ref, tok.decode(prompt)
+
+
+def test_shuffled_block_tables_equal_contiguous(tiny_llama):
+    tok = load_tokenizer(tiny_llama)
+    prompts = [tok(t).input_ids for t in TEXTS]
+    runner = runner_for(tiny_llama, block_size=4)
+    contiguous = run_ours(runner, prompts, 12)
+    shuffled = run_ours(runner, prompts, 12, shuffle_seed=7)
+    assert max_abs_diff(contiguous, shuffled) < 1e-6
+
+
+def test_chunked_prefill_equals_one_prefill(tiny_llama):
+    runner = runner_for(tiny_llama, block_size=4)
+    prompt = load_tokenizer(tiny_llama)(TEXTS[3]).input_ids
+    table = list(range(-(-len(prompt) // 4)))
+    whole = runner.forward([SeqInput(prompt, 0, table)], True, all_logits=True)
+    cut = 13
+    first = runner.forward([SeqInput(prompt[:cut], 0, table)], True, all_logits=True)
+    second = runner.forward([SeqInput(prompt[cut:], cut, table)], True, all_logits=True)
+    assert torch.allclose(torch.cat([first, second]), whole, atol=1e-5)
+
+
+def test_bf16_runs_close_to_fp32(tiny_llama):
+    tok = load_tokenizer(tiny_llama)
+    prompts = [tok(t).input_ids for t in TEXTS]
+    fp32 = run_ours(runner_for(tiny_llama), prompts, 4)
+    bf16 = run_ours(runner_for(tiny_llama, dtype="bfloat16"), prompts, 4,
+                    next_tokens=[[int(s[-1].argmax()) for s in seq[:-1]] for seq in fp32])
+    assert max_abs_diff(fp32, bf16) < 0.25  # bf16 keeps ~3 significant digits
+
+
+def test_kv_budget_from_tokens_and_memory_fraction(tiny_llama, caplog):
+    caplog.set_level("INFO", logger="rosefast.engine")
+    r = runner_for(tiny_llama, kv_cache_tokens=1000, block_size=16)
+    assert r.kv.num_blocks == 63 and "63 blocks x 16 tokens = 1008 tokens" in caplog.text
+    r = ModelRunner(EngineConfig(model=tiny_llama, dtype="float32", kv_memory_fraction=0.001))
+    assert r.kv.num_blocks > 1
+
+
+# -- sampler ----------------------------------------------------------------------------------------
+
+def logits_batch(rows=4, vocab=50, seed=0):
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_temperature_zero_and_top_k_one_equal_greedy():
+    logits = logits_batch()
+    sampler = Sampler(seed=123)
+    greedy = logits.argmax(-1).tolist()
+    assert sampler(logits, [SamplingParams(temperature=0)] * 4, [None] * 4) == greedy
+    params = [SamplingParams(temperature=1.5, top_k=1)] * 4
+    for _ in range(20):
+        assert sampler(logits, params, [None] * 4) == greedy
+
+
+def test_seeded_sampling_is_reproducible():
+    logits = logits_batch()
+    params = [SamplingParams(temperature=1.0, seed=s) for s in (1, 2, 3, 4)]
+
+    def draw():
+        gens = [Sampler.make_generator(p.seed) for p in params]
+        return [Sampler()(logits, params, gens) for _ in range(10)]
+
+    a, b = draw(), draw()
+    assert a == b
+    assert len({tuple(x) for x in a}) > 1  # it does sample
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits = torch.tensor([[5.0, 4.0, 3.0, -10.0, -10.0]])
+    sampler = Sampler()
+    gen = Sampler.make_generator(0)
+    seen_k = {sampler(logits, [SamplingParams(temperature=5.0, top_k=2)], [gen])[0] for _ in range(200)}
+    assert seen_k == {0, 1}
+    # probabilities ~[0.665, 0.245, 0.09]: top_p 0.8 keeps the first two (the one crossing 0.8 included)
+    seen_p = {sampler(logits, [SamplingParams(top_p=0.8)], [gen])[0] for _ in range(300)}
+    assert seen_p == {0, 1}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_tokens", -1, "max_tokens must be >= 1"),
+    ("max_tokens", 0, "max_tokens must be >= 1"),
+    ("top_p", 0.0, "top_p must be in"),
+    ("top_p", 1.5, "top_p must be in"),
+    ("temperature", -0.1, "temperature must be >= 0"),
+    ("temperature", float("nan"), "temperature must be a finite number"),
+    ("top_k", -2, "top_k must be >= -1"),
+    ("seed", "abc", "seed must be an integer"),
+    ("stop", [""], "stop must be a non-empty string"),
+])
+def test_bad_sampling_params_name_the_parameter(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_decode_matches_eager(tiny_llama):
+    tok = load_tokenizer(tiny_llama)
+    prompts = [tok(t).input_ids for t in TEXTS]
+    eager = run_ours(runner_for(tiny_llama, dtype="bfloat16", device="cuda", cuda_graph=False), prompts, 8)
+    graph = run_ours(runner_for(tiny_llama, dtype="bfloat16", device="cuda", cuda_graph=True), prompts, 8,
+                     next_tokens=[[int(s[-1].argmax()) for s in seq[:-1]] for seq in eager])
+    assert max_abs_diff(eager, graph) < 1e-2
