@@ -1,7 +1,13 @@
-"""The paged KV cache: per layer a K and a V block pool [num_blocks + 1, block_size, n_kv_heads, head_dim].
+"""The paged KV cache.
 
-The extra last block is scratch: padded slots and padded block-table entries point there, so a
-padded batch (CUDA graphs) never writes into a real sequence's blocks.
+Logically each layer has a K and a V block pool [num_blocks, block_size, n_kv_heads, head_dim]
+(`block_view`). Physically a pool is stored head-major, [n_kv_heads, num_blocks, block_size, head_dim]:
+gathering a batch's blocks then yields [n_kv_heads, B, context, head_dim] with every (head, sequence)
+context contiguous, which is what the attention matmuls want — no transpose copy per layer.
+
+The extra last block is scratch: padded slots and padded block-table entries point there, so a padded
+batch (CUDA graphs) never writes into a real sequence's blocks. A persistent gather workspace, shared by
+all layers, avoids allocating (and page-faulting) megabytes per layer per step.
 """
 import logging
 import os
@@ -47,14 +53,27 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch_block = num_blocks
-        # [layers, K|V, blocks + scratch, block_size, Hkv, D]
-        self.data = torch.zeros(args.num_layers, 2, num_blocks + 1, block_size, args.num_kv_heads, args.head_dim,
+        self.num_kv_heads, self.head_dim = args.num_kv_heads, args.head_dim
+        # [layers, K|V, Hkv, blocks + scratch, block_size, D]
+        self.data = torch.zeros(args.num_layers, 2, args.num_kv_heads, num_blocks + 1, block_size, args.head_dim,
                                 dtype=dtype, device=device)
         self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(args.num_layers)]
+        for k, v in self.layers:
+            k.workspace = v.workspace = self   # attention finds the shared gather buffers through the pool
+        self._gather = torch.empty(0, dtype=dtype, device=device)
+
+    def block_view(self, layer, which=0):
+        """The logical pool [num_blocks + 1, block_size, n_kv_heads, head_dim] of one layer (a view)."""
+        return self.layers[layer][which].permute(1, 2, 0, 3)
 
     @property
     def scratch_slot(self):
         return self.scratch_block * self.block_size
 
-    def slot(self, block_table, position):
-        return block_table[position // self.block_size] * self.block_size + position % self.block_size
+    def gather_buffers(self, nblocks):
+        """Two [Hkv, nblocks, block_size, D] buffers (K, V), reused by every layer and step."""
+        per = self.num_kv_heads * nblocks * self.block_size * self.head_dim
+        if self._gather.numel() < 2 * per:
+            self._gather = torch.empty(2 * per * 5 // 4, dtype=self._gather.dtype, device=self._gather.device)
+        shape = (self.num_kv_heads, nblocks, self.block_size, self.head_dim)
+        return self._gather[:per].view(shape), self._gather[per:2 * per].view(shape)

@@ -16,7 +16,8 @@ class AttentionMetadata:
     block_tables: torch.Tensor          # [B, max_blocks] block ids per sequence (padding: the scratch block)
     query_lens: list = None             # prefill: new tokens per sequence
     context_lens: list = None           # prefill: tokens in the cache after this step, per sequence
-    decode_mask: torch.Tensor = None    # decode: [B, 1, 1, L] additive mask over the gathered context
+    decode_mask: torch.Tensor = None    # decode: [Hkv*B, 1, L] additive mask (0 / -inf) over the gathered context
+    gather_index: torch.Tensor = None   # decode: [Hkv*B*nb] rows of the [Hkv*blocks, block_size*D] pool view
 
 
 def rope_inv_freq(args):
@@ -59,42 +60,54 @@ def apply_rope(x, cos, sin):
 
 
 def paged_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):
-    """Write this call's K/V into the block pool, then attend. q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H*D].
+    """Write this call's K/V into the block pools, then attend. q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H*D].
 
-    k_cache / v_cache: [num_blocks, block_size, Hkv, D]. Prefill attends each sequence causally to its
-    whole context (earlier chunks and cached prefix included); decode attends each sequence's one query
-    to its gathered context, with the GQA group of query heads as the query rows.
+    k_cache / v_cache: one layer's pools, stored head-major [Hkv, num_blocks, block_size, D]. Prefill
+    attends each sequence causally to its whole context (earlier chunks and cached prefix included);
+    decode attends each sequence's one query to its gathered context, the GQA group of query heads
+    taking the place of query rows.
     """
     T, H, D = q.shape
-    block_size = k_cache.shape[1]
-    k_cache.view(-1, num_kv_heads, D).index_copy_(0, meta.slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, D).index_copy_(0, meta.slot_mapping, v)
+    _, _, block_size, _ = k_cache.shape
+    k_cache.view(num_kv_heads, -1, D).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    v_cache.view(num_kv_heads, -1, D).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     if not meta.is_prefill:
-        B = T
-        blocks = meta.block_tables.reshape(-1)
-        L = meta.block_tables.shape[1] * block_size
-        k_ctx = k_cache.index_select(0, blocks).view(B, L, num_kv_heads, D).transpose(1, 2)   # [B, Hkv, L, D]
-        v_ctx = v_cache.index_select(0, blocks).view(B, L, num_kv_heads, D).transpose(1, 2)
-        q = q.view(B, num_kv_heads, H // num_kv_heads, D)                                   # [B, Hkv, G, D]
-        out = F.scaled_dot_product_attention(q, k_ctx, v_ctx, attn_mask=meta.decode_mask, scale=scale)
-        return out.reshape(B, H * D)
+        return _decode_attention(q, k_cache, v_cache, meta, num_kv_heads, scale)
     outs = []
     start = 0
     gqa = H != num_kv_heads
     for i, (qlen, ctx) in enumerate(zip(meta.query_lens, meta.context_lens)):
-        qi = q[start:start + qlen].transpose(0, 1)                                          # [H, q, D]
+        qi = q[start:start + qlen].transpose(0, 1)                                         # [H, q, D]
         if ctx == qlen:  # nothing cached before this chunk: attend to the fresh K/V
             ki = k[start:start + qlen].transpose(0, 1)
             vi = v[start:start + qlen].transpose(0, 1)
             oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            nblocks = -(-ctx // block_size)
-            blocks = meta.block_tables[i, :nblocks]
-            ki = k_cache.index_select(0, blocks).view(-1, num_kv_heads, D)[:ctx].transpose(0, 1)
-            vi = v_cache.index_select(0, blocks).view(-1, num_kv_heads, D)[:ctx].transpose(0, 1)
+            blocks = meta.block_tables[i, :-(-ctx // block_size)]
+            ki = k_cache.index_select(1, blocks).view(num_kv_heads, -1, D)[:, :ctx]        # [Hkv, ctx, D]
+            vi = v_cache.index_select(1, blocks).view(num_kv_heads, -1, D)[:, :ctx]
             qpos = torch.arange(ctx - qlen, ctx, device=q.device)
-            mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]           # [q, ctx]
+            mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]          # [q, ctx]
             oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=gqa)
         outs.append(oi.transpose(0, 1).reshape(qlen, H * D))
         start += qlen
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _decode_attention(q, k_cache, v_cache, meta, num_kv_heads, scale):
+    B, H, D = q.shape
+    _, pool_blocks, block_size, _ = k_cache.shape
+    n = meta.gather_index.numel()                                                        # Hkv * B * nb
+    k_ctx, v_ctx = k_cache.workspace.gather_buffers(n // num_kv_heads)
+    # dim-0 gathers of whole (head, block) rows: the fast contiguous-copy path
+    torch.index_select(k_cache.view(-1, block_size * D), 0, meta.gather_index, out=k_ctx.view(n, -1))
+    torch.index_select(v_cache.view(-1, block_size * D), 0, meta.gather_index, out=v_ctx.view(n, -1))
+    L = meta.block_tables.shape[1] * block_size
+    k_ctx = k_ctx.view(num_kv_heads * B, L, D)
+    v_ctx = v_ctx.view(num_kv_heads * B, L, D)
+    G = H // num_kv_heads
+    qg = q.view(B, num_kv_heads, G, D).transpose(0, 1).reshape(num_kv_heads * B, G, D)  # [Hkv*B, G, D]
+    scores = torch.baddbmm(meta.decode_mask, qg, k_ctx.transpose(1, 2), alpha=scale)      # [Hkv*B, G, L]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.bmm(probs, v_ctx).view(num_kv_heads, B, G, D)
+    return out.transpose(0, 1).reshape(B, H * D)
