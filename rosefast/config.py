@@ -12,6 +12,7 @@ class EngineConfig:
     kv_memory_fraction: float = 0.10   # of free device memory (CPU: of available RAM), when kv_cache_tokens == 0
     max_model_len: int = 0             # 0: the model's context length
     max_batch_size: int = 64           # decode batch (max running requests)
+    max_active_requests: int = 0       # requests admitted into the engine at once; 0: max_batch_size
     prefill_max_batch_size: int = 16   # sequences per prefill step
     max_num_batched_tokens: int = 2048 # tokens per prefill step (longer prompts are prefilled in chunks)
     enable_prefix_cache: bool = True
@@ -24,7 +25,7 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("kv_cache_tokens", "max_model_len", "num_threads"):
+        for name in ("kv_cache_tokens", "max_model_len", "num_threads", "max_active_requests"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")

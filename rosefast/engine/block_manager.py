@@ -1,0 +1,147 @@
+"""BlockManager: ref-counted KV blocks with prefix caching.
+
+Each full block of a sequence gets a chained hash (previous block's hash + this block's tokens) once
+its K/V are computed. A new sequence looks its leading full blocks up by hash, and a hit is confirmed
+by comparing the tokens, so a hash collision can never hand out the wrong K/V. Freed blocks keep their
+hash and content until they are needed again (lazy eviction, least recently freed first).
+"""
+from collections import OrderedDict, deque
+
+
+def chain_hash(prev_hash, tokens):
+    return hash((prev_hash, tokens))
+
+
+class BlockManager:
+    def __init__(self, num_blocks, block_size, enable_prefix_cache=True, hash_fn=chain_hash):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_cache = enable_prefix_cache
+        self.hash_fn = hash_fn
+        self.ref_counts = [0] * num_blocks
+        self.block_hash = [None] * num_blocks
+        self.block_tokens = [None] * num_blocks
+        self.hash_to_block = {}
+        self.free_plain = deque(range(num_blocks))    # no cached content: handed out first
+        self.free_cached = OrderedDict()              # cached content, least recently freed first
+        self.hits = self.misses = self.evictions = 0
+
+    # -- accounting ---------------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self):
+        return len(self.free_plain) + len(self.free_cached)
+
+    @property
+    def num_used_blocks(self):
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_for(self, num_tokens):
+        return -(-num_tokens // self.block_size)
+
+    # -- allocation ---------------------------------------------------------------------------------
+
+    def _take_free(self):
+        if self.free_plain:
+            block = self.free_plain.popleft()
+        else:
+            block, _ = self.free_cached.popitem(last=False)   # evict the least recently freed
+            del self.hash_to_block[self.block_hash[block]]
+            self.block_hash[block] = self.block_tokens[block] = None
+            self.evictions += 1
+        self.ref_counts[block] = 1
+        return block
+
+    def _lookup(self, seq):
+        """Leading blocks of `seq` already in the cache (at most all but its last token)."""
+        if not self.enable_prefix_cache:
+            return []
+        bs, found, prev = self.block_size, [], None
+        for i in range((seq.num_tokens - 1) // bs):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = self.hash_fn(prev, tokens)
+            block = self.hash_to_block.get(h)
+            if block is None or self.block_tokens[block] != tokens:   # a collision is a miss
+                self.misses += 1
+                break
+            self.hits += 1
+            found.append((block, h))
+            prev = h
+        return found
+
+    def can_allocate(self, seq):
+        hits = self._peek_hits(seq)
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        return self.blocks_for(seq.num_tokens) - len(hits) + revived <= self.num_free_blocks
+
+    def _peek_hits(self, seq):
+        counters = self.hits, self.misses
+        found = [b for b, _ in self._lookup(seq)]
+        self.hits, self.misses = counters
+        return found
+
+    def allocate(self, seq):
+        """Give a waiting sequence blocks for all its tokens, reusing cached leading blocks."""
+        assert not seq.block_table
+        for block, _h in self._lookup(seq):
+            if self.ref_counts[block] == 0:
+                del self.free_cached[block]
+            self.ref_counts[block] += 1
+            seq.block_table.append(block)
+        seq.num_hashed_blocks = len(seq.block_table)
+        seq.num_cached = len(seq.block_table) * self.block_size
+        while len(seq.block_table) < self.blocks_for(seq.num_tokens):
+            seq.block_table.append(self._take_free())
+
+    def can_append(self, seq):
+        return self.blocks_for(seq.num_tokens) - len(seq.block_table) <= self.num_free_blocks
+
+    def append_slot(self, seq):
+        """Make room for the sequence's newest token."""
+        while len(seq.block_table) < self.blocks_for(seq.num_tokens):
+            seq.block_table.append(self._take_free())
+
+    def commit(self, seq):
+        """Register the full blocks whose K/V are now computed, so later requests can reuse them."""
+        if not self.enable_prefix_cache:
+            return
+        bs = self.block_size
+        full = min(seq.num_cached, seq.num_tokens) // bs
+        i = seq.num_hashed_blocks
+        prev = self.block_hash[seq.block_table[i - 1]] if i else None
+        while i < full:
+            block = seq.block_table[i]
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = self.hash_fn(prev, tokens)
+            if self.block_hash[block] is None and h not in self.hash_to_block:
+                self.block_hash[block] = h
+                self.block_tokens[block] = tokens
+                self.hash_to_block[h] = block
+            # else: a reused block (already registered), or this hash is taken by an equal block cached
+            # elsewhere or by a colliding one: leave this block unregistered, the chain goes on
+            prev = h
+            i += 1
+        seq.num_hashed_blocks = i
+
+    def free(self, seq):
+        """Release the sequence's blocks (deepest first, so a prefix's root is evicted last)."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] < 0:
+                raise RuntimeError(f"block {block} freed twice")
+            if self.ref_counts[block] == 0:
+                if self.block_hash[block] is not None:
+                    self.free_cached[block] = None
+                else:
+                    self.free_plain.append(block)
+        seq.block_table = []
+        seq.num_cached = 0
+        seq.num_hashed_blocks = 0
+
+    def check(self):
+        """Consistency of the pool (tests): every block is either referenced or free, exactly once."""
+        free = list(self.free_plain) + list(self.free_cached)
+        assert len(free) == len(set(free)), "a block is free twice"
+        assert all(self.ref_counts[b] == 0 for b in free), "a free block is referenced"
+        assert sum(1 for r in self.ref_counts if r > 0) + len(free) == self.num_blocks, "a block leaked"
+        assert all(self.block_hash[b] == h for h, b in self.hash_to_block.items())

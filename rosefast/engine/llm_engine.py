@@ -1,0 +1,153 @@
+"""LLMEngine: the engine the serving layer drives, one `step()` at a time; `generate()` for offline use."""
+import itertools
+import logging
+from dataclasses import dataclass
+
+from rosefast.config import EngineConfig
+from rosefast.engine.block_manager import BlockManager
+from rosefast.engine.model_runner import ModelRunner, SeqInput
+from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.scheduler import Scheduler
+from rosefast.engine.sequence import Sequence, SequenceStatus
+
+log = logging.getLogger("rosefast.engine")
+
+
+@dataclass
+class StepOutput:
+    request_id: object
+    new_token_ids: list
+    finished: bool
+    finish_reason: str = None   # "stop" (EOS or a stop token), "length" (max_tokens or context), "abort"
+
+
+class LLMEngine:
+    def __init__(self, config=None, **kwargs):
+        self.config = config or EngineConfig.from_kwargs(**kwargs)
+        self.runner = ModelRunner(self.config)
+        self.args = self.runner.args
+        self.max_model_len = self.runner.max_model_len
+        self.block_manager = BlockManager(self.runner.kv.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_cache)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.seqs = {}
+        self._ids = itertools.count()
+        self._tokenizer = None
+        self.steps = 0
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from rosefast.models import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.config.model)
+        return self._tokenizer
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    def check_prompt(self, prompt_token_ids):
+        """Raise ValueError for a prompt the engine cannot run."""
+        if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+            raise ValueError("prompt is empty: give at least one token")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise ValueError(f"prompt has {n} tokens; the model's context length is {self.max_model_len}, "
+                             "which leaves no room for a completion")
+        vocab = self.args.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if self.block_manager.blocks_for(n + 1) > self.block_manager.num_blocks:
+            raise ValueError(f"prompt has {n} tokens; the KV cache holds only "
+                             f"{self.block_manager.num_blocks * self.config.block_size}")
+
+    def add_request(self, prompt_token_ids, params=None, request_id=None):
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
+        self.check_prompt(prompt_token_ids)
+        request_id = next(self._ids) if request_id is None else request_id
+        if request_id in self.seqs:
+            raise ValueError(f"request_id {request_id!r} is already in the engine")
+        seq = Sequence(request_id, prompt_token_ids, params, self.args.eos_token_ids)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id):
+        """Stop a request in whatever state; its blocks are freed at once. False if unknown."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        return True
+
+    def has_unfinished(self):
+        return self.scheduler.has_work()
+
+    # -- the step ------------------------------------------------------------------------------------
+
+    def step(self):
+        """Run one step; a StepOutput for every request that got a token or finished."""
+        outputs = [StepOutput(s.request_id, [], True, s.finish_reason) for s in self._drain_cut_short()]
+        step = self.scheduler.schedule()
+        outputs += [StepOutput(s.request_id, [], True, s.finish_reason) for s in self._drain_cut_short()]
+        if step is None:
+            return outputs
+        self.steps += 1
+        inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table)
+                  for seq, n in zip(step.seqs, step.chunks)]
+        sampling = [i for i in range(len(step.seqs)) if step.completes(i)]
+        logits = self.runner.forward(inputs, step.is_prefill)
+        tokens = self.runner.sampler(logits[sampling], [step.seqs[i].params for i in sampling],
+                                     [step.seqs[i].generator for i in sampling]) if sampling else []
+        for seq, n in zip(step.seqs, step.chunks):
+            seq.num_cached += n
+            self.block_manager.commit(seq)
+        for i, token in zip(sampling, tokens):
+            seq = step.seqs[i]
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+                del self.seqs[seq.request_id]
+            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason))
+        return outputs
+
+    def _drain_cut_short(self):
+        cut, self.scheduler.cut_short = self.scheduler.cut_short, []
+        for seq in cut:
+            self.seqs.pop(seq.request_id, None)
+        return cut
+
+    def _finish_reason(self, seq, token):
+        if token in seq.stop_ids:
+            return "stop"
+        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    # -- offline -------------------------------------------------------------------------------------
+
+    def generate(self, prompts, params=None, use_tqdm=True):
+        """Run prompts (strings or token id lists) to completion: a dict per prompt with
+        `token_ids`, `text` and `finish_reason`, in the order given."""
+        from tqdm import tqdm
+
+        params = params or SamplingParams()
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.add_request(self.tokenizer(p).input_ids if isinstance(p, str) else list(p), sp)
+               for p, sp in zip(prompts, plist)]
+        results = {rid: {"token_ids": [], "finish_reason": None} for rid in ids}
+        with tqdm(total=len(ids), desc="rosefast generate", disable=not use_tqdm, unit="req") as bar:
+            while any(results[r]["finish_reason"] is None for r in ids):
+                for out in self.step():
+                    if out.request_id in results:
+                        results[out.request_id]["token_ids"] += out.new_token_ids
+                        if out.finished:
+                            results[out.request_id]["finish_reason"] = out.finish_reason
+                            bar.update()
+        for r in results.values():
+            r["text"] = self.tokenizer.decode(r["token_ids"], skip_special_tokens=True)
+        return [results[r] for r in ids]

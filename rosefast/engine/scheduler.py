@@ -1,0 +1,124 @@
+"""Scheduler: which sequences run in the next step, prefill or decode.
+
+Each step is a prefill of admitted waiting sequences (at most `prefill_max_batch_size` sequences and
+`max_num_batched_tokens` tokens; a longer prompt is prefilled in chunks across steps) or a decode of
+all running sequences. After a prefill step, running decodes go next, so a long prompt never stalls
+them for more than one bounded step. When blocks run out for decode, the newest running sequence is
+preempted (its KV freed, recomputed later; its tokens and sampler state are kept, so the output is
+the same).
+"""
+from collections import deque
+from dataclasses import dataclass
+
+from rosefast.engine.sequence import SequenceStatus
+
+
+@dataclass
+class ScheduledStep:
+    is_prefill: bool
+    seqs: list           # the sequences in this step
+    chunks: list         # prefill: new tokens computed per sequence; decode: 1 each
+
+    def completes(self, i):
+        """Whether sequence i reaches its last token in this step (and so samples a new token)."""
+        seq = self.seqs[i]
+        return seq.num_cached + self.chunks[i] >= seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config, block_manager):
+        self.block_manager = block_manager
+        self.max_running = min(config.max_batch_size, config.max_active_requests or config.max_batch_size)
+        self.prefill_max_batch_size = config.prefill_max_batch_size
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.waiting = deque()
+        self.running = []
+        self.preemptions = 0
+        self.cut_short = []          # finished by the scheduler (no KV room), for the engine to report
+        self._decode_next = False
+
+    def add(self, seq):
+        self.waiting.append(seq)
+
+    def has_work(self):
+        return bool(self.waiting or self.running)
+
+    def schedule(self):
+        """The next step, or None when there is nothing that can run."""
+        decodable = any(not s.in_prefill for s in self.running)
+        if not (self._decode_next and decodable):
+            step = self._schedule_prefill()
+            if step is not None:
+                self._decode_next = True
+                return step
+        self._decode_next = False
+        return self._schedule_decode()
+
+    def _schedule_prefill(self):
+        seqs, chunks = [], []
+        budget = self.max_num_batched_tokens
+        bm = self.block_manager
+        # sequences already admitted whose prefill is unfinished (chunked) go first
+        for seq in self.running:
+            if seq.in_prefill and budget > 0 and len(seqs) < self.prefill_max_batch_size:
+                chunk = min(seq.num_tokens - seq.num_cached, budget)
+                seqs.append(seq)
+                chunks.append(chunk)
+                budget -= chunk
+        while (self.waiting and budget > 0 and len(seqs) < self.prefill_max_batch_size
+               and len(self.running) < self.max_running):
+            seq = self.waiting[0]
+            if not bm.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            bm.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            chunk = min(seq.num_tokens - seq.num_cached, budget)
+            seqs.append(seq)
+            chunks.append(chunk)
+            budget -= chunk
+        return ScheduledStep(True, seqs, chunks) if seqs else None
+
+    def _schedule_decode(self):
+        bm = self.block_manager
+        seqs = []
+        for seq in list(self.running):
+            if seq.in_prefill or seq.status is not SequenceStatus.RUNNING:
+                continue
+            while not bm.can_append(seq):
+                victim = self._newest_running(exclude=seq)
+                if victim is None:          # alone and still no room: the KV budget is its length limit
+                    self.finish(seq, "length")
+                    self.cut_short.append(seq)
+                    break
+                self.preempt(victim)
+                if victim in seqs:
+                    seqs.remove(victim)
+            if seq.status is SequenceStatus.RUNNING and seq in self.running:
+                bm.append_slot(seq)
+                seqs.append(seq)
+        return ScheduledStep(False, seqs, [1] * len(seqs)) if seqs else None
+
+    def _newest_running(self, exclude):
+        for seq in reversed(self.running):
+            if seq is not exclude:
+                return seq
+        return None
+
+    def preempt(self, seq):
+        """Free the sequence's KV and put it back at the head of the queue, to be recomputed."""
+        self.block_manager.free(seq)
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def finish(self, seq, reason):
+        self.block_manager.free(seq)
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,56 @@
+"""Sequence: one request inside the engine — its tokens, sampling params, state and block table."""
+from enum import Enum
+
+from rosefast.engine.sampling import Sampler
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"      # not admitted yet, or preempted (its KV freed, to be recomputed)
+    RUNNING = "running"      # admitted: prefilling (maybe in chunks) or decoding
+    FINISHED = "finished"
+
+
+class Sequence:
+    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
+                 "num_cached", "num_hashed_blocks", "finish_reason", "generator", "stop_ids")
+
+    def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=()):
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)   # prompt, then outputs
+        self.num_prompt_tokens = len(self.token_ids)
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.block_table = []
+        self.num_cached = 0          # tokens whose K/V are in the cache (prefix hits included)
+        self.num_hashed_blocks = 0   # leading full blocks registered in the prefix cache
+        self.finish_reason = None
+        self.generator = Sampler.make_generator(params.seed)
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop.update(eos_token_ids)
+        self.stop_ids = frozenset(stop)
+
+    @property
+    def num_tokens(self):
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self):
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self):
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def in_prefill(self):
+        """Still has more than the last token to compute (a fresh, chunked or preempted sequence)."""
+        return self.num_cached < self.num_tokens - 1
+
+    @property
+    def finished(self):
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self):
+        return (f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"cached={self.num_cached}, blocks={len(self.block_table)})")

@@ -1,0 +1,76 @@
+"""Block accounting under random add / abort / finish sequences on the real engine (tiny model)."""
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rosefast.engine.llm_engine import LLMEngine
+from rosefast.engine.sampling import SamplingParams
+
+SHARED = list(range(500, 532))   # a common 32-token prefix, so the prefix cache is exercised
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    # a small pool: preemption, eviction and prefix reuse all happen
+    return LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=96, block_size=4, max_batch_size=6,
+                     prefill_max_batch_size=3, max_num_batched_tokens=24)
+
+
+def check_pool(engine):
+    bm = engine.block_manager
+    bm.check()
+    refs = Counter(b for seq in engine.seqs.values() for b in seq.block_table)
+    assert all(bm.ref_counts[b] == n for b, n in refs.items())
+    assert sum(1 for r in bm.ref_counts if r) == len(refs)
+
+
+def apply(engine, ops, rng):
+    live = []
+    for op, arg in ops:
+        if op == "add":
+            prompt = (SHARED[:arg % 33] if arg % 2 else []) + [rng.randrange(1, 40000) for _ in range(1 + arg % 23)]
+            params = SamplingParams(max_tokens=1 + arg % 17, temperature=0, ignore_eos=True)
+            live.append(engine.add_request(prompt, params))
+        elif op == "abort" and live:
+            engine.abort(live.pop(arg % len(live)))
+        else:
+            for _ in range(1 + arg % 4):
+                for out in engine.step():
+                    if out.finished and out.request_id in live:
+                        live.remove(out.request_id)
+        check_pool(engine)
+    return live
+
+
+def drain_and_check(engine, live, abort_rest):
+    if abort_rest:
+        for rid in live:
+            engine.abort(rid)
+    while engine.has_unfinished():
+        engine.step()
+    bm = engine.block_manager
+    assert not engine.seqs and bm.num_used_blocks == 0
+    assert bm.num_free_blocks == bm.num_blocks
+    bm.check()
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["add", "add", "abort", "step"]), st.integers(0, 1000)), max_size=40)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS, abort_rest=st.booleans())
+def test_random_add_abort_finish_leaves_the_pool_whole(engine, ops, abort_rest):
+    live = apply(engine, ops, random.Random(len(ops)))
+    drain_and_check(engine, live, abort_rest)
+
+
+def test_a_thousand_random_operations(engine):
+    rng = random.Random(1234)
+    ops = [(rng.choice(["add", "add", "abort", "step", "step"]), rng.randrange(1000)) for _ in range(1000)]
+    live = apply(engine, ops, rng)
+    drain_and_check(engine, live, abort_rest=False)
+    bm = engine.block_manager
+    assert bm.hits > 0 and bm.evictions > 0 and engine.scheduler.preemptions > 0
