@@ -19,6 +19,7 @@ class StepOutput:
     new_token_ids: list
     finished: bool
     finish_reason: str = None   # "stop" (EOS or a stop token), "length" (max_tokens or context), "abort"
+    scheduled_at: float = None  # with a request's first token: when its prefill was first scheduled
 
 
 class LLMEngine:
@@ -31,6 +32,8 @@ class LLMEngine:
                                           self.config.enable_prefix_cache)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.seqs = {}
+        self.last_scheduled = []    # request ids of the step being run (to fail them if it raises)
+        self.before_step = None     # hook(step_number, request_ids) run after scheduling (fault injection)
         self._ids = itertools.count()
         self._tokenizer = None
         self.steps = 0
@@ -88,12 +91,16 @@ class LLMEngine:
 
     def step(self):
         """Run one step; a StepOutput for every request that got a token or finished."""
+        self.last_scheduled = []
         outputs = [StepOutput(s.request_id, [], True, s.finish_reason) for s in self._drain_cut_short()]
         step = self.scheduler.schedule()
         outputs += [StepOutput(s.request_id, [], True, s.finish_reason) for s in self._drain_cut_short()]
         if step is None:
             return outputs
         self.steps += 1
+        self.last_scheduled = [s.request_id for s in step.seqs]
+        if self.before_step is not None:
+            self.before_step(self.steps, self.last_scheduled)
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table)
                   for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)]
@@ -110,7 +117,8 @@ class LLMEngine:
             if reason is not None:
                 self.scheduler.finish(seq, reason)
                 del self.seqs[seq.request_id]
-            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason))
+            first = seq.scheduled_at if seq.num_output_tokens == 1 else None
+            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, first))
         return outputs
 
     def _drain_cut_short(self):

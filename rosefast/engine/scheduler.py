@@ -7,6 +7,7 @@ them for more than one bounded step. When blocks run out for decode, the newest 
 preempted (its KV freed, recomputed later; its tokens and sampler state are kept, so the output is
 the same).
 """
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -72,6 +73,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             bm.allocate(seq)
+            if seq.scheduled_at is None:
+                seq.scheduled_at = time.perf_counter()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             chunk = min(seq.num_tokens - seq.num_cached, budget)

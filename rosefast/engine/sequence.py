@@ -12,7 +12,7 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
-                 "num_cached", "num_hashed_blocks", "finish_reason", "generator", "stop_ids")
+                 "num_cached", "num_hashed_blocks", "finish_reason", "generator", "stop_ids", "scheduled_at")
 
     def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=()):
         self.request_id = request_id
@@ -24,6 +24,7 @@ class Sequence:
         self.num_cached = 0          # tokens whose K/V are in the cache (prefix hits included)
         self.num_hashed_blocks = 0   # leading full blocks registered in the prefix cache
         self.finish_reason = None
+        self.scheduled_at = None     # perf_counter() when it was first scheduled (prefill start)
         self.generator = Sampler.make_generator(params.seed)
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:

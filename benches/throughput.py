@@ -1,0 +1,85 @@
+"""Output tokens/s: our engine with 1, 8 and 32 concurrent requests vs Hugging Face `generate`
+one request at a time and as one padded batch; same prompts, same dtype, one run.
+
+    python -m benches.throughput                   # SmolLM2, the default dtype, 128 new tokens (ignore_eos)
+
+The floor is what a batch-32 decode step's linear layers alone allow (benches.decode_step).
+"""
+import argparse
+import time
+
+import torch
+
+from benches.decode_step import floor_step, timed
+from rosefast.config import EngineConfig
+from rosefast.engine.device import resolve_dtype
+from rosefast.engine.llm_engine import LLMEngine
+from rosefast.engine.sampling import SamplingParams
+from rosefast.models import load_hf_model, load_tokenizer, resolve_model
+
+TOPICS = ["the ocean", "a red bicycle", "quantum computing", "bread baking", "the moon", "a lost key", "jazz",
+          "volcanoes", "a chess game", "winter mornings", "databases", "honeybees", "a long train ride",
+          "origami", "the first computer", "mountain lakes"]
+
+
+def prompts(n):
+    return [f"Write a short story about {TOPICS[i % len(TOPICS)]} (version {i})." for i in range(n)]
+
+
+def ours(engine, texts, new_tokens):
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    t = time.perf_counter()
+    results = engine.generate(texts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - t
+    assert all(len(r["token_ids"]) == new_tokens for r in results)
+    return len(texts) * new_tokens / elapsed
+
+
+@torch.inference_mode()
+def hf_generate(hf, tok, texts, new_tokens):
+    tok.padding_side = "left"
+    batch = tok(texts, return_tensors="pt", padding=True)
+    t = time.perf_counter()
+    out = hf.generate(**batch, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                      pad_token_id=tok.pad_token_id)
+    elapsed = time.perf_counter() - t
+    assert out.shape[1] - batch.input_ids.shape[1] == new_tokens
+    return len(texts) * new_tokens / elapsed
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--hf-solo-requests", type=int, default=2, help="requests timed for HF one-at-a-time")
+    a = p.parse_args(argv)
+    resolved = resolve_model(a.model)
+    levels = [int(c) for c in a.concurrency.split(",")]
+    dtype = resolve_dtype(a.dtype, torch.device("cpu"))
+    dtype_name = str(dtype).removeprefix("torch.")
+    engine = LLMEngine(EngineConfig(model=resolved, dtype=dtype_name, device="cpu", max_batch_size=max(levels),
+                                    kv_cache_tokens=max(levels) * (a.new_tokens + 64)))
+    tok = load_tokenizer(resolved)
+    hf = load_hf_model(resolved, dtype=dtype)
+    ours(engine, prompts(2), 8)  # warm-up
+    solo = sum(hf_generate(hf, tok, [t], a.new_tokens) for t in prompts(a.hf_solo_requests)) / a.hf_solo_requests
+    floor_ms = timed(floor_step(engine.runner.model, max(levels), dtype), 10)
+    print(f"model {resolved.name}, {dtype_name}, {a.new_tokens} new tokens per request (ignore_eos), "
+          f"{torch.get_num_threads()} threads")
+    print(f"HF one request at a time: {solo:.1f} tok/s; batch-{max(levels)} matmul floor: "
+          f"{max(levels) * 1e3 / floor_ms:.0f} tok/s")
+    print("| concurrent | ours tok/s | HF padded batch tok/s | ours/padded | ours/one-at-a-time | floor/ours |")
+    print("|---|---|---|---|---|---|")
+    for c in levels:
+        texts = prompts(c)
+        mine = ours(engine, texts, a.new_tokens)
+        padded = hf_generate(hf, tok, texts, a.new_tokens)
+        floor = c * 1e3 / timed(floor_step(engine.runner.model, c, dtype), 10)
+        print(f"| {c} | {mine:.1f} | {padded:.1f} | {mine / padded:.2f}x | {mine / solo:.1f}x | "
+              f"{floor / mine:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

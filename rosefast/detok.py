@@ -1,0 +1,58 @@
+"""Incremental detokenization (tokenizers' DecodeStream: UTF-8 safe) and stop strings.
+
+Text that could still turn into a stop string is held back until it either completes one (the stream
+ends there; the stop string itself is not emitted unless asked) or can no longer (it is released).
+"""
+from tokenizers.decoders import DecodeStream
+
+PROMPT_CONTEXT = 4   # prompt tokens given to the stream so the first output token decodes in context
+
+
+class IncrementalDetokenizer:
+    __slots__ = ("_tokenizer", "_stream", "_stop", "_include_stop", "_held", "stopped")
+
+    def __init__(self, tokenizer, prompt_ids=(), stop=(), include_stop=False, skip_special_tokens=True):
+        """tokenizer: a `tokenizers.Tokenizer` (a transformers fast tokenizer's `backend_tokenizer`)."""
+        self._tokenizer = tokenizer
+        context = list(prompt_ids[-PROMPT_CONTEXT:])
+        self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens) if context else \
+            DecodeStream(skip_special_tokens=skip_special_tokens)
+        self._stop = tuple(stop)
+        self._include_stop = include_stop
+        self._held = ""
+        self.stopped = False
+
+    def step(self, token_ids):
+        """The text these new tokens add (possibly ""), with stop strings applied; sets `stopped`."""
+        text = []
+        for t in token_ids:
+            piece = self._stream.step(self._tokenizer, t)
+            if piece:
+                text.append(piece)
+        if not self._stop:
+            return "".join(text)
+        return self._apply_stop(self._held + "".join(text))
+
+    def _apply_stop(self, buf):
+        cut = -1
+        for s in self._stop:
+            i = buf.find(s)
+            if i >= 0 and (cut < 0 or i < cut):
+                cut, hit = i, s
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return buf[:cut] + (hit if self._include_stop else "")
+        keep = 0
+        for s in self._stop:
+            for j in range(min(len(s) - 1, len(buf)), keep, -1):
+                if buf.endswith(s[:j]):
+                    keep = j
+                    break
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep]
+
+    def flush(self):
+        """At the end of the stream: whatever was held back (it did not become a stop string)."""
+        held, self._held = self._held, ""
+        return held

@@ -1,0 +1,13 @@
+"""Exceptions the serving core raises; the server maps them to HTTP statuses."""
+
+
+class OverloadedError(RuntimeError):
+    """Refused at admission: `max_inflight_requests` requests are already in flight (HTTP 429)."""
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running this request (HTTP 500 / an error event in the stream)."""
+
+
+class ShutdownError(RuntimeError):
+    """The server is shutting down; the request was not completed (HTTP 503)."""

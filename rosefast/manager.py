@@ -1,0 +1,212 @@
+"""SchedulerManager: the in-process serving core that the HTTP server and the streaming benchmark drive.
+
+    manager = SchedulerManager(model="smollm2-135m", max_inflight_requests=64, tokenize_workers=2)
+    rid = manager.add_request("Tell me a story", max_tokens=64, temperature=0)   # returns at once
+    for text in manager.stream_text(rid):
+        print(text, end="")
+    manager.close()
+
+`add_request` checks admission first (over `max_inflight_requests` it raises OverloadedError before an
+id is made or a token encoded), then allocates the id and the request's collector; with
+`tokenize_workers > 0` the prompt is encoded by native worker threads, otherwise inline; pre-tokenized
+prompts (`prompt_token_ids`) skip tokenization. The engine runs in its own native thread. Each request's
+inflight slot is released exactly once: when it finishes, fails or is aborted.
+"""
+import itertools
+import time
+
+from rosefast.config import EngineConfig
+from rosefast.engine.sampling import SamplingParams
+from rosefast.engine_thread import EngineThread
+from rosefast.errors import OverloadedError, ShutdownError
+from rosefast.frontend.admission import AdmissionCounter
+from rosefast.frontend.fanout import FanOut
+from rosefast.frontend.waker import GeventWaker, ThreadWaker
+from rosefast.timing import RequestTiming
+from rosefast.tokenize_pool import TokenizePool
+
+WAIT_SLICE = 0.5   # a consumer re-checks for shutdown this often while it waits
+
+
+class SchedulerManager:
+    def __init__(self, engine_config=None, *, max_batch_size=None, prefill_max_batch_size=None,
+                 max_active_requests=None, max_inflight_requests=None, tokenize_workers=0,
+                 record_token_timestamps=False, waker="thread", before_step=None, tokenizer=None, **engine_kwargs):
+        overrides = {k: v for k, v in dict(max_batch_size=max_batch_size, prefill_max_batch_size=prefill_max_batch_size,
+                                          max_active_requests=max_active_requests).items() if v is not None}
+        if engine_config is None:
+            unknown = set(engine_kwargs) - set(EngineConfig.__dataclass_fields__)
+            if unknown:
+                raise TypeError(f"unknown SchedulerManager argument(s): {', '.join(sorted(unknown))}")
+            engine_config = EngineConfig(**engine_kwargs, **overrides)
+        else:
+            engine_config = EngineConfig(**{**engine_config.__dict__, **overrides})
+        if isinstance(tokenize_workers, bool) or not isinstance(tokenize_workers, int) or tokenize_workers < 0:
+            raise ValueError(f"tokenize_workers must be an integer >= 0, got {tokenize_workers!r}")
+        from rosefast.models import load_tokenizer, resolve_model
+
+        self.config = engine_config
+        self.model = resolve_model(engine_config.model)
+        self.config.model = self.model
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.model)
+        self.admission = AdmissionCounter(max_inflight_requests)
+        self.fanout = FanOut()
+        self.waker = GeventWaker() if waker == "gevent" else ThreadWaker() if waker == "thread" else waker
+        self._slots = {}             # request id -> True while it holds an inflight slot
+        self._pending = {}           # request id -> SamplingParams while its prompt is being tokenized
+        self._timing = {} if record_token_timestamps else None
+        self._ids = itertools.count(1)
+        self.tokenized_total = 0     # prompts encoded (inline or by the workers)
+        self._closed = False
+        from rosefast.engine.llm_engine import LLMEngine
+
+        self._engine_thread = EngineThread(lambda: LLMEngine(self.config), self.fanout, self.waker, self.tokenizer,
+                                           self._release, self._timing, before_step).start()
+        self.engine = self._engine_thread.engine
+        self._pool = TokenizePool(self.tokenizer, tokenize_workers, self._tokenized, self._fail) \
+            if tokenize_workers else None
+
+    # -- submit --------------------------------------------------------------------------------------
+
+    def add_request(self, prompt=None, *, prompt_token_ids=None, params=None, **sampling):
+        """Admit, allocate an id and enqueue; returns the request id. Raises OverloadedError when full,
+        ValueError/TypeError for a bad request (nothing is kept of it)."""
+        if self._closed:
+            raise ShutdownError("the manager is closed")
+        if not self.admission.try_acquire():
+            raise OverloadedError(f"{self.admission.inflight} requests in flight (max_inflight_requests="
+                                  f"{self.admission.limit}); retry later")
+        try:
+            params = params if params is not None else SamplingParams(**sampling)
+            if (prompt is None) == (prompt_token_ids is None):
+                raise ValueError("give exactly one of prompt or prompt_token_ids")
+            if prompt_token_ids is not None:
+                ids = list(prompt_token_ids)
+                self.engine.check_prompt(ids)
+            else:
+                if not isinstance(prompt, str) or not prompt:
+                    raise ValueError("prompt must be a non-empty string")
+                ids = None
+                if self._pool is None:
+                    ids = self._encode(prompt)
+                    self.engine.check_prompt(ids)
+        except BaseException:
+            self.admission.release()
+            raise
+        rid = next(self._ids)
+        self.fanout.register(rid)
+        self.waker.register(rid)
+        self._slots[rid] = True
+        timing = None
+        if self._timing is not None:
+            timing = self._timing[rid] = RequestTiming()
+        if ids is not None:
+            self._engine_thread.submit(rid, ids, params)
+        else:
+            self._pending[rid] = params
+            self._pool.submit(rid, prompt)
+        if timing is not None:
+            timing.submit = time.perf_counter()
+            if ids is not None:
+                timing.tokenized = timing.submit
+                timing.prompt_tokens = len(ids)
+        return rid
+
+    def _encode(self, prompt):
+        self.tokenized_total += 1
+        return self.tokenizer(prompt)["input_ids"]
+
+    def _tokenized(self, rid, ids, when):
+        """From a tokenize worker: hand the request to the engine (unless it was aborted meanwhile)."""
+        self.tokenized_total += 1
+        params = self._pending.pop(rid, None)
+        if params is None:
+            return
+        try:
+            self.engine.check_prompt(ids)
+        except ValueError as e:
+            self._fail(rid, e)
+            return
+        if self._timing is not None and rid in self._timing:
+            self._timing[rid].tokenized = when
+            self._timing[rid].prompt_tokens = len(ids)
+        self._engine_thread.submit(rid, ids, params)
+
+    def _fail(self, rid, exc):
+        self._pending.pop(rid, None)
+        self.waker.wake(self.fanout.publish_error([rid], exc))
+        self._release(rid)
+
+    def _release(self, rid):
+        if self._slots.pop(rid, None):     # dict.pop is atomic: exactly one caller gets True
+            self.admission.release()
+
+    # -- consume -------------------------------------------------------------------------------------
+
+    def stream(self, request_id):
+        """Yield the request's chunks (token_ids, text, finished, finish_reason) until it finishes; an
+        engine failure is raised here. Closing the generator early aborts the request."""
+        collector = self.fanout.get(request_id)
+        if collector is None:
+            raise KeyError(f"unknown request id {request_id!r} (finished and consumed, or never added)")
+        finished = False
+        try:
+            while True:
+                chunk = collector.get_nowait()
+                if chunk is None:
+                    if not self.waker.wait(request_id, WAIT_SLICE) and self._closed and not collector.ready:
+                        raise ShutdownError("the manager closed before the request finished")
+                    continue
+                yield chunk
+                if chunk.finished:
+                    finished = True
+                    return
+        finally:
+            self._close_stream(request_id, abort=not finished)
+
+    def stream_text(self, request_id):
+        for chunk in self.stream(request_id):
+            if chunk.text:
+                yield chunk.text
+
+    def _close_stream(self, rid, abort):
+        self.fanout.unregister(rid)
+        self.waker.unregister(rid)
+        if abort and rid in self._slots:
+            self.abort(rid)
+
+    def abort(self, request_id):
+        """Stop a request: the engine frees its KV at its next loop; its slot is released now."""
+        self._pending.pop(request_id, None)
+        self._engine_thread.abort(request_id)
+        self._release(request_id)
+
+    def pop_timing(self, request_id):
+        """The request's RequestTiming (removed), or None (not recording, or already popped)."""
+        return None if self._timing is None else self._timing.pop(request_id, None)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    @property
+    def inflight(self):
+        return self.admission.inflight
+
+    def close(self):
+        """Stop the workers and the engine thread; whatever is still open fails with ShutdownError."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._pool.close()
+        self._engine_thread.close()
+        open_ids = list(self._slots)
+        if open_ids:
+            self.waker.wake(self.fanout.publish_error(open_ids, ShutdownError("the manager was closed")))
+        for rid in open_ids:
+            self._release(rid)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,71 @@
+"""Tokenize workers: native threads that encode queued prompts in batches, off the submit path."""
+import _queue
+import logging
+import time
+
+from rosefast._native import native_lock, start_native_thread
+
+log = logging.getLogger("rosefast.manager")
+MAX_BATCH = 32
+_STOP = object()
+
+
+class TokenizePool:
+    """`submit(request_id, prompt)`; `on_done(request_id, ids, t_done)` / `on_error(request_id, exc)` are
+    called from a worker thread."""
+
+    def __init__(self, tokenizer, workers, on_done, on_error):
+        self._tokenizer = tokenizer
+        self._queue = _queue.SimpleQueue()     # native: a greenlet's put wakes a native worker
+        self._on_done, self._on_error = on_done, on_error
+        self._exited = []
+        for _ in range(workers):
+            done = native_lock()
+            done.acquire()
+            self._exited.append(done)
+            start_native_thread(self._run, done)
+
+    def submit(self, request_id, prompt):
+        self._queue.put((request_id, prompt))
+
+    def _run(self, done):
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                batch = [item]
+                while len(batch) < MAX_BATCH:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except _queue.Empty:
+                        break
+                    if nxt is _STOP:
+                        self._queue.put(_STOP)   # leave it for this worker's next get
+                        break
+                    batch.append(nxt)
+                self._encode(batch)
+        finally:
+            done.release()
+
+    def _encode(self, batch):
+        try:
+            encoded = self._tokenizer([p for _, p in batch], add_special_tokens=True)["input_ids"]
+        except Exception:  # noqa: BLE001 - find the culprit one by one, fail only it
+            encoded = None
+        now = time.perf_counter()
+        for i, (rid, prompt) in enumerate(batch):
+            try:
+                ids = encoded[i] if encoded is not None else self._tokenizer(prompt)["input_ids"]
+            except Exception as e:  # noqa: BLE001
+                log.warning("tokenization failed for request %s: %r", rid, e)
+                self._on_error(rid, ValueError(f"tokenization failed: {e}"))
+                continue
+            self._on_done(rid, ids, now)
+
+    def close(self, timeout=5.0):
+        for _ in self._exited:
+            self._queue.put(_STOP)
+        for done in self._exited:
+            if done.acquire(True, timeout):
+                done.release()

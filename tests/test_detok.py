@@ -1,0 +1,60 @@
+"""Incremental detokenization with the real tokenizer, and stop strings with hold-back."""
+import pytest
+
+from rosefast.detok import IncrementalDetokenizer
+from rosefast.models import load_tokenizer
+
+MULTIBYTE = "Hi 🚀 東京タワー, naïve café — 👩‍👩‍👧 ok, Ελληνικά and עברית!"
+
+
+@pytest.fixture(scope="module")
+def tok(default_model):
+    return load_tokenizer(default_model)
+
+
+def stream(tok, ids, **kw):
+    d = IncrementalDetokenizer(tok.backend_tokenizer, **kw)
+    pieces = []
+    for t in ids:
+        pieces.append(d.step([t]))
+        if d.stopped:
+            break
+    return pieces, d
+
+
+def test_multibyte_streams_exactly_without_replacement_chars(tok):
+    ids = tok(MULTIBYTE).input_ids
+    pieces, d = stream(tok, ids)
+    assert "".join(pieces) + d.flush() == MULTIBYTE
+    assert not any("\ufffd" in p for p in pieces)
+    assert any(p == "" for p in pieces)   # some tokens carried half a character: held, not garbled
+
+
+def test_prompt_context_and_special_tokens(tok):
+    prompt = tok("Say:").input_ids
+    ids = tok(" hello world<|im_end|>").input_ids
+    pieces, _ = stream(tok, ids, prompt_ids=prompt)
+    assert "".join(pieces) == " hello world"
+
+
+@pytest.mark.parametrize("stop, include, expected", [
+    (["world"], False, "Hello "),
+    (["world"], True, "Hello world"),
+    (["o w", "xyz"], False, "Hell"),
+    (["lo", "Hel"], False, ""),
+    (["nothing here"], False, "Hello world, again"),
+])
+def test_stop_strings_cut_exactly(tok, stop, include, expected):
+    ids = tok("Hello world, again").input_ids
+    pieces, d = stream(tok, ids, stop=stop, include_stop=include)
+    out = "".join(pieces) + ("" if d.stopped else d.flush())
+    assert out == expected
+    assert d.stopped == (expected != "Hello world, again")
+
+
+def test_text_that_may_become_a_stop_string_is_held_back(tok):
+    d = IncrementalDetokenizer(tok.backend_tokenizer, stop=["</end>"])
+    ids = tok("abc</e").input_ids
+    emitted = "".join(d.step([t]) for t in ids)
+    assert emitted == "abc" and not d.stopped
+    assert d.flush() == "</e"   # the stream ended: what was held is released
