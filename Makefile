@@ -34,3 +34,8 @@ bench: build
 
 generate: install
 	$(BIN)/python -m rosefast generate "$(PROMPT)"
+
+# The server on the default model: gunicorn -k gevent server:app, settings in gunicorn.conf.py
+# (127.0.0.1:8000; GUNICORN_CMD_ARGS="--bind 0.0.0.0:8000" to change) and ROSEFAST_* variables.
+serve: build
+	$(BIN)/gunicorn -k gevent server:app

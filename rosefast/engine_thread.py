@@ -17,10 +17,10 @@ _STOP = ("stop",)
 
 
 class EngineThread:
-    def __init__(self, engine_factory, fanout, waker, tokenizer, on_finished, timing=None, before_step=None):
-        self._factory = engine_factory
+    def __init__(self, engine_factory, fanout, waker, on_finished, timing=None, before_step=None):
+        self._factory = engine_factory    # () -> (LLMEngine, tokenizer), run on this thread
         self._fanout, self._waker = fanout, waker
-        self._tokenizer = tokenizer.backend_tokenizer
+        self._tokenizer = None
         self._on_finished = on_finished   # (request_id) -> None: called once per request that ends here
         self._timing = timing             # dict request_id -> RequestTiming, or None
         self._before_step = before_step   # hook(step_number, request_ids), after scheduling: fault injection
@@ -31,15 +31,22 @@ class EngineThread:
         self._ready = native_lock()
         self._exited = native_lock()
 
-    def start(self):
-        """Start the thread and wait until the engine is loaded; re-raise a loading failure."""
+    def start(self, wait=True):
+        """Start the thread; with `wait`, block until the engine is loaded (re-raising a failure)."""
         self._ready.acquire()
         self._exited.acquire()
         start_native_thread(self._run)
-        self._ready.acquire()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout=None):
+        if not self._ready.acquire(True, -1 if timeout is None else timeout):
+            return False
+        self._ready.release()
         if self.load_error is not None:
             raise self.load_error
-        return self
+        return True
 
     def submit(self, request_id, prompt_ids, params):
         self._queue.put(("add", request_id, prompt_ids, params))
@@ -49,6 +56,10 @@ class EngineThread:
 
     def close(self, timeout=10.0):
         self._queue.put(_STOP)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:  # noqa: BLE001 - a failed load has nothing to stop
+            pass
         if self._exited.acquire(True, timeout):
             self._exited.release()
 
@@ -56,8 +67,10 @@ class EngineThread:
 
     def _run(self):
         try:
-            self.engine = self._factory()
-            self.engine.before_step = self._before_step
+            engine, tokenizer = self._factory()
+            self._tokenizer = tokenizer.backend_tokenizer
+            engine.before_step = self._before_step
+            self.engine = engine
         except BaseException as e:  # noqa: BLE001 - handed to the thread that started us
             self.load_error = e
             self._ready.release()

@@ -11,3 +11,7 @@ class EngineError(RuntimeError):
 
 class ShutdownError(RuntimeError):
     """The server is shutting down; the request was not completed (HTTP 503)."""
+
+
+class NotReadyError(ShutdownError):
+    """The model is still loading (or failed to load): HTTP 503."""

@@ -18,7 +18,7 @@ import time
 from rosefast.config import EngineConfig
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine_thread import EngineThread
-from rosefast.errors import OverloadedError, ShutdownError
+from rosefast.errors import NotReadyError, OverloadedError, ShutdownError
 from rosefast.frontend.admission import AdmissionCounter
 from rosefast.frontend.fanout import FanOut
 from rosefast.frontend.waker import GeventWaker, ThreadWaker
@@ -31,7 +31,8 @@ WAIT_SLICE = 0.5   # a consumer re-checks for shutdown this often while it waits
 class SchedulerManager:
     def __init__(self, engine_config=None, *, max_batch_size=None, prefill_max_batch_size=None,
                  max_active_requests=None, max_inflight_requests=None, tokenize_workers=0,
-                 record_token_timestamps=False, waker="thread", before_step=None, tokenizer=None, **engine_kwargs):
+                 record_token_timestamps=False, waker="thread", before_step=None, tokenizer=None, wait=True,
+                 **engine_kwargs):
         overrides = {k: v for k, v in dict(max_batch_size=max_batch_size, prefill_max_batch_size=prefill_max_batch_size,
                                           max_active_requests=max_active_requests).items() if v is not None}
         if engine_config is None:
@@ -43,28 +44,53 @@ class SchedulerManager:
             engine_config = EngineConfig(**{**engine_config.__dict__, **overrides})
         if isinstance(tokenize_workers, bool) or not isinstance(tokenize_workers, int) or tokenize_workers < 0:
             raise ValueError(f"tokenize_workers must be an integer >= 0, got {tokenize_workers!r}")
-        from rosefast.models import load_tokenizer, resolve_model
-
         self.config = engine_config
-        self.model = resolve_model(engine_config.model)
-        self.config.model = self.model
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.model)
+        self.model = None            # the ResolvedModel, once loaded
+        self.tokenizer = tokenizer
+        self.engine = None
         self.admission = AdmissionCounter(max_inflight_requests)
         self.fanout = FanOut()
         self.waker = GeventWaker() if waker == "gevent" else ThreadWaker() if waker == "thread" else waker
         self._slots = {}             # request id -> True while it holds an inflight slot
         self._pending = {}           # request id -> SamplingParams while its prompt is being tokenized
+        self._prompt_tokens = {}     # request id -> prompt length, until the stream ends
         self._timing = {} if record_token_timestamps else None
         self._ids = itertools.count(1)
         self.tokenized_total = 0     # prompts encoded (inline or by the workers)
         self._closed = False
-        from rosefast.engine.llm_engine import LLMEngine
+        self._tokenize_workers = tokenize_workers
+        self._pool = None
+        self._engine_thread = EngineThread(self._load, self.fanout, self.waker, self._release, self._timing,
+                                           before_step)
+        self._engine_thread.start(wait=wait)
 
-        self._engine_thread = EngineThread(lambda: LLMEngine(self.config), self.fanout, self.waker, self.tokenizer,
-                                           self._release, self._timing, before_step).start()
-        self.engine = self._engine_thread.engine
-        self._pool = TokenizePool(self.tokenizer, tokenize_workers, self._tokenized, self._fail) \
-            if tokenize_workers else None
+    def _load(self):
+        """On the engine thread: resolve the model (converting it once), load the tokenizer and the engine."""
+        from rosefast.engine.llm_engine import LLMEngine
+        from rosefast.models import load_tokenizer, resolve_model
+
+        self.model = resolve_model(self.config.model)
+        self.config.model = self.model
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.model)
+        engine = LLMEngine(self.config)
+        if self._tokenize_workers:
+            self._pool = TokenizePool(self.tokenizer, self._tokenize_workers, self._tokenized, self._fail)
+        self.engine = engine
+        return engine, self.tokenizer
+
+    @property
+    def ready(self):
+        """True once the model is loaded and requests are accepted."""
+        return self.engine is not None
+
+    @property
+    def load_error(self):
+        return self._engine_thread.load_error
+
+    def wait_ready(self, timeout=None):
+        """Block (natively) until loaded; re-raise a loading failure. False on timeout."""
+        return self._engine_thread.wait_ready(timeout)
 
     # -- submit --------------------------------------------------------------------------------------
 
@@ -73,6 +99,9 @@ class SchedulerManager:
         ValueError/TypeError for a bad request (nothing is kept of it)."""
         if self._closed:
             raise ShutdownError("the manager is closed")
+        if self.engine is None:
+            raise NotReadyError("the model is still loading" if self.load_error is None else
+                                f"the model failed to load: {self.load_error}")
         if not self.admission.try_acquire():
             raise OverloadedError(f"{self.admission.inflight} requests in flight (max_inflight_requests="
                                   f"{self.admission.limit}); retry later")
@@ -101,6 +130,7 @@ class SchedulerManager:
         if self._timing is not None:
             timing = self._timing[rid] = RequestTiming()
         if ids is not None:
+            self._prompt_tokens[rid] = len(ids)
             self._engine_thread.submit(rid, ids, params)
         else:
             self._pending[rid] = params
@@ -127,6 +157,7 @@ class SchedulerManager:
         except ValueError as e:
             self._fail(rid, e)
             return
+        self._prompt_tokens[rid] = len(ids)
         if self._timing is not None and rid in self._timing:
             self._timing[rid].tokenized = when
             self._timing[rid].prompt_tokens = len(ids)
@@ -169,7 +200,12 @@ class SchedulerManager:
             if chunk.text:
                 yield chunk.text
 
+    def prompt_tokens(self, request_id):
+        """The request's prompt length once it is tokenized (None before), until its stream ends."""
+        return self._prompt_tokens.get(request_id)
+
     def _close_stream(self, rid, abort):
+        self._prompt_tokens.pop(rid, None)
         self.fanout.unregister(rid)
         self.waker.unregister(rid)
         if abort and rid in self._slots:
@@ -196,6 +232,7 @@ class SchedulerManager:
         if self._closed:
             return
         self._closed = True
+        self._prompt_tokens.clear()
         if self._pool is not None:
             self._pool.close()
         self._engine_thread.close()

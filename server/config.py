@@ -1,0 +1,98 @@
+"""ServerConfig: every setting from an environment variable named after its field (ROSEFAST_<FIELD>).
+
+Host and port are gunicorn's (`--bind`, or gunicorn.conf.py). A bad value stops the start-up with a
+message naming the variable.
+"""
+import os
+from dataclasses import dataclass, fields
+
+from rosefast.config import EngineConfig
+
+PREFIX = "ROSEFAST_"
+
+
+class ConfigError(ValueError):
+    """A ROSEFAST_* variable with a value that cannot be used."""
+
+
+@dataclass
+class ServerConfig:
+    # the engine (see rosefast.config.EngineConfig for what each does)
+    model: str = "smollm2-135m"
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = 16
+    kv_cache_tokens: int = 0
+    kv_memory_fraction: float = 0.10
+    max_model_len: int = 0
+    max_batch_size: int = 64
+    prefill_max_batch_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_active_requests: int = 0
+    enable_prefix_cache: bool = True
+    cuda_graph: bool = True
+    seed: int = 0
+    num_threads: int = 0
+    # the serving core
+    max_inflight_requests: int = 256     # past this, 429 at once (0: unlimited)
+    tokenize_workers: int = 2            # native threads encoding prompts off the request path
+    # the HTTP layer
+    served_model_name: str = ""          # the name in /v1/models and responses (default: the model spec)
+    max_body_bytes: int = 1 << 20        # larger request bodies get 413
+    max_tokens_cap: int = 4096           # the largest max_tokens a request may ask for
+    default_max_tokens: int = 256        # when a request gives none
+    retry_after_seconds: int = 1         # the Retry-After of a 429
+    api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>"
+    log_text: bool = False               # log prompts and completions (off: never)
+
+    def engine_config(self):
+        names = {f.name for f in fields(EngineConfig)}
+        return EngineConfig(**{k: v for k, v in self.__dict__.items() if k in names})
+
+
+def _parse(field, raw):
+    name = PREFIX + field.name.upper()
+    kind = field.type if isinstance(field.type, type) else type(field.default)
+    try:
+        if kind is bool:
+            value = raw.strip().lower()
+            if value in ("1", "true", "yes", "on"):
+                return True
+            if value in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected one of 1, 0, true, false, yes, no, on, off")
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+        return raw
+    except ValueError as e:
+        raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}: {e}") from None
+
+
+def server_config_from_env(environ=None):
+    """ServerConfig from ROSEFAST_* variables; raises ConfigError naming the variable that is wrong."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for f in fields(ServerConfig):
+        raw = environ.get(PREFIX + f.name.upper())
+        if raw is not None:
+            values[f.name] = _parse(f, raw)
+    config = ServerConfig(**values)
+    for name in ("max_inflight_requests", "tokenize_workers", "max_body_bytes", "max_tokens_cap",
+                 "default_max_tokens", "retry_after_seconds"):
+        value = getattr(config, name)
+        low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens") else 0
+        if value < low:
+            raise ConfigError(f"{PREFIX}{name.upper()}={value} must be >= {low}")
+    try:
+        config.engine_config()
+    except ValueError as e:
+        field = str(e).split(" ", 1)[0]
+        raise ConfigError(f"{PREFIX}{field.upper()}: {e}") from None
+    return config
+
+
+def documented_variables():
+    """(variable, default) for the README."""
+    return [(PREFIX + f.name.upper(), f.default) for f in fields(ServerConfig)]

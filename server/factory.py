@@ -1,0 +1,121 @@
+"""The Flask app factory: configuration from ROSEFAST_*, the model loaded in the worker, the routes."""
+import atexit
+import hmac
+import json
+import logging
+import sys
+import time
+
+from flask import Flask, Response, g, request
+from werkzeug.exceptions import HTTPException
+
+from rosefast.manager import SchedulerManager
+from server.config import server_config_from_env
+from server.errors import APIError
+from server.metrics import Metrics
+
+log = logging.getLogger("rosefast.server")
+
+
+def _gevent_patched():
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and monkey.is_module_patched("socket")
+
+
+class State:
+    """What the routes share: the config, the manager (None until started), the metrics."""
+
+    def __init__(self, config):
+        self.config = config
+        self.manager = None
+        self.metrics = Metrics(self)
+        self.started = time.time()
+        self.draining = False
+
+    @property
+    def model_name(self):
+        return self.config.served_model_name or self.config.model
+
+    def start(self):
+        """Start the manager; the model loads on its engine thread while the app already answers /health."""
+        gevent = _gevent_patched()
+        if gevent:
+            sys.setswitchinterval(0.0005)   # the engine thread's Python work yields the GIL to the hub often
+        c = self.config
+        self.manager = SchedulerManager(c.engine_config(), max_inflight_requests=c.max_inflight_requests or None,
+                                        tokenize_workers=c.tokenize_workers, waker="gevent" if gevent else "thread",
+                                        wait=False)
+
+    def close(self):
+        if self.manager is not None:
+            self.manager.close()
+
+
+def _json_response(payload, status=200, headers=None):
+    return Response(json.dumps(payload), status=status, mimetype="application/json", headers=headers)
+
+
+def create_app(config=None, start=True):
+    """The WSGI app. `config` defaults to the ROSEFAST_* environment (a bad value raises ConfigError)."""
+    from server import routes
+
+    config = config or server_config_from_env()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
+    app = Flask("rosefast")
+    app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
+    state = app.extensions["rosefast"] = State(config)
+    app.register_blueprint(routes.bp)
+
+    @app.before_request
+    def _before():
+        g.t0 = time.perf_counter()
+        if request.path.startswith("/v1/") and config.api_key:
+            given = request.headers.get("Authorization", "")
+            expected = f"Bearer {config.api_key}"
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                               "authentication_error", code="invalid_api_key")
+
+    @app.get("/health")
+    def health():
+        m = state.manager
+        if m is not None and m.load_error is not None:
+            return _json_response({"status": "error", "error": str(m.load_error)}, 500)
+        if m is None or not m.ready:
+            return _json_response({"status": "loading"}, 503)
+        if state.draining:
+            return _json_response({"status": "draining"}, 503)
+        return _json_response({"status": "ok"})
+
+    @app.get("/v1/models")
+    def models():
+        m = state.manager
+        card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "rosefast"}
+        if m is not None and m.ready:
+            card["max_model_len"] = m.engine.max_model_len
+        return _json_response({"object": "list", "data": [card]})
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
+
+    @app.errorhandler(APIError)
+    def _api_error(e):
+        return e.response()
+
+    @app.errorhandler(HTTPException)
+    def _http_error(e):
+        types = {413: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
+        message = {413: f"request body too large (limit {config.max_body_bytes} bytes)"}.get(e.code, e.description)
+        return APIError(e.code, message, types.get(e.code, "invalid_request_error")).response()
+
+    @app.errorhandler(Exception)
+    def _unexpected(e):
+        log.exception("unexpected error on %s", request.path)
+        return APIError(500, f"internal error: {type(e).__name__}", "server_error").response()
+
+    if start:
+        state.start()
+        atexit.register(state.close)
+    return app
