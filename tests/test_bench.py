@@ -1,0 +1,99 @@
+"""The streaming benchmark: schedule arithmetic, percentiles, in-process and --url runs, JSON and PNG."""
+import json
+
+import numpy as np
+import pytest
+
+from rosefast.bench import streaming
+from rosefast.bench.schedule import arrival_offsets, lags
+from rosefast.bench.stats import percentile
+from tests.serving import Server, tiny_env
+
+
+def test_absolute_targets_are_exact():
+    assert arrival_offsets("absolute", 5, 0.01) == pytest.approx([0, 0.01, 0.02, 0.03, 0.04])
+    assert arrival_offsets("relative", 5, 0.01) is None
+
+
+@pytest.mark.parametrize("kind, burstiness, cv", [("poisson", 1.0, 1.0), ("gamma", 0.25, 2.0), ("gamma", 4.0, 0.5)])
+def test_random_schedules_have_the_mean_gap_they_claim(kind, burstiness, cv):
+    offsets = arrival_offsets(kind, 20001, 0.005, burstiness, seed=3)
+    gaps = np.diff(offsets)
+    assert offsets[0] == 0 and np.all(gaps >= 0)
+    assert gaps.mean() == pytest.approx(0.005, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.1)
+    assert arrival_offsets(kind, 100, 0.005, burstiness, seed=3) == offsets[:100]   # seeded
+    assert arrival_offsets(kind, 100, 0.005, burstiness, seed=4) != offsets[:100]
+
+
+def test_lag_is_measured_against_the_target():
+    assert lags([10.0, 10.5, 11.2], [10.0, 10.4, 11.0]) == pytest.approx([0.0, 0.1, 0.2])
+
+
+def test_bad_schedule_arguments():
+    with pytest.raises(ValueError, match="submit schedule must be one of"):
+        arrival_offsets("weekly", 3, 0.1)
+    with pytest.raises(ValueError, match="burstiness must be > 0"):
+        arrival_offsets("gamma", 3, 0.1, burstiness=0)
+
+
+def test_percentile_matches_numpy():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100, 1001):
+        data = rng.exponential(3.0, n).tolist()
+        for q in (0, 1, 50, 95, 99, 100):
+            assert percentile(data, q) == pytest.approx(float(np.percentile(data, q)))
+
+
+REPORT_LINES = ["Model:", "Settings:", "Requests:", "Prompt tokens (accepted):", "Submit wall:",
+                "Submit interval/schedule:", "Submit lag:", "Reject latency:", "TTFT:", "TPOT:", "Latency:",
+                "Throughput:"]
+INPROCESS_LINES = ["add_request latency:", "Tokenize:", "Queue wait (post-tok):", "Prefill->first token:", "ITL:"]
+
+
+def test_in_process_run_prints_every_line_json_and_png(tiny_llama, tmp_path, capsys):
+    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    f = streaming.main(["--model", "tiny", "--dtype", "float32", "--num-requests", "12", "--max-new-tokens", "6",
+                        "--submit-interval-ms", "1", "--submit-schedule", "poisson", "--tokenize-workers", "2",
+                        "--no-stop-on-eos", "--output-json", str(out_json), "--plot", str(out_png),
+                        "--no-progress"])
+    text = capsys.readouterr().out
+    for line in REPORT_LINES + INPROCESS_LINES:
+        assert line in text, line
+    assert f["completed"] == 12 and f["completion_tokens"] == 72
+    data = json.loads(out_json.read_text())
+    assert data["figures"]["completion_tokens"] == 72 and data["settings"]["num_requests"] == 12
+    assert len(data["samples"]) == 12
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_in_process_rejects_are_counted(tiny_llama, capsys):
+    f = streaming.main(["--model", "tiny", "--dtype", "float32", "--num-requests", "10", "--max-new-tokens", "30",
+                        "--max-inflight-requests", "2", "--no-stop-on-eos", "--warmup-runs", "0", "--no-progress"])
+    assert f["rejected"] >= 1 and f["completed"] + f["rejected"] == 10 and f["reject_latency"]["n"] == f["rejected"]
+    assert "Rejected: " in capsys.readouterr().out
+
+
+def test_relative_schedule_stretches_the_interval(tiny_llama):
+    f = streaming.main(["--model", "tiny", "--dtype", "float32", "--num-requests", "8", "--max-new-tokens", "2",
+                        "--submit-interval-ms", "5", "--submit-schedule", "relative", "--warmup-runs", "0",
+                        "--prompt-repeats", "50", "--no-progress"])
+    # sleeping after each submit: the real gap is add_request time + interval, never less than the interval
+    assert f["submit_gap"]["p50"] >= 5.0
+    assert "submit_lag" not in f
+
+
+def test_url_mode_against_gunicorn(tiny_llama, capsys):
+    server = Server(tiny_env(tiny_llama, max_inflight_requests=2))
+    try:
+        f = streaming.main(["--url", server.url, "--num-requests", "10", "--max-new-tokens", "40",
+                            "--no-stop-on-eos", "--warmup-runs", "0", "--no-progress"])
+    finally:
+        server.stop()
+    text = capsys.readouterr().out
+    for line in REPORT_LINES + ["Response headers:", "ITL (per SSE event"]:
+        assert line in text, line
+    for line in INPROCESS_LINES[1:4]:
+        assert line not in text   # only the server knows those
+    assert f["rejected"] >= 1 and f["errors"] == 0
+    assert f["completed"] + f["rejected"] == 10
