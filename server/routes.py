@@ -79,6 +79,8 @@ def _serve(chat):
     shapes = openai_api.Shapes(chat, state.model_name)
     stop_watch = disconnect.watch(request.environ, lambda: manager.abort(rid))
     run = _Run(state, manager, rid, shapes, chat, t0, stop_watch)
+    if state.config.log_text:   # an operator's explicit choice; off by default
+        access.info("%s prompt=%r", shapes.id, prompt if prompt is not None else prompt_ids)
     if stream:
         return Response(run.events(usage_flag), mimetype="text/event-stream", headers=sse.HEADERS)
     return run.collect()
@@ -103,6 +105,7 @@ class _Run:
         self.t0, self.stop_watch = t0, stop_watch
         self.completion_tokens = 0
         self.prompt_tokens = 0
+        self.text = [] if state.config.log_text else None
         self.t_first = self.t_last = None
         self.status = "200"
 
@@ -119,6 +122,8 @@ class _Run:
                 m.itl.observe(now - self.t_last)
             self.t_last = now
         self.completion_tokens += len(chunk.token_ids)
+        if self.text is not None:
+            self.text.append(chunk.text)
 
     def events(self, include_usage):
         shapes, first = self.shapes, self.chat
@@ -179,3 +184,5 @@ class _Run:
         access.info("%s %s status=%s prompt_tokens=%d completion_tokens=%d ttft_ms=%s e2e_ms=%.1f",
                     self.shapes.id, _endpoint(self.chat), self.status, prompt_tokens, self.completion_tokens,
                     "-" if self.t_first is None else f"{(self.t_first - self.t0) * 1e3:.1f}", (now - self.t0) * 1e3)
+        if self.text is not None:
+            access.info("%s completion=%r", self.shapes.id, "".join(self.text))

@@ -1,0 +1,35 @@
+"""Configuration: ROSEFAST_* variables, each refused by name when wrong; EngineConfig validation."""
+import pytest
+
+from rosefast.config import EngineConfig
+from server.config import ConfigError, documented_variables, server_config_from_env
+
+
+def test_variables_map_to_fields():
+    c = server_config_from_env({"ROSEFAST_MODEL": "/models/x", "ROSEFAST_MAX_BATCH_SIZE": "8",
+                                "ROSEFAST_ENABLE_PREFIX_CACHE": "off", "ROSEFAST_KV_MEMORY_FRACTION": "0.2",
+                                "ROSEFAST_MAX_INFLIGHT_REQUESTS": "0"})
+    assert (c.model, c.max_batch_size, c.enable_prefix_cache, c.kv_memory_fraction) == ("/models/x", 8, False, 0.2)
+    e = c.engine_config()
+    assert isinstance(e, EngineConfig) and e.max_batch_size == 8 and not e.enable_prefix_cache
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("ROSEFAST_MAX_BATCH_SIZE", "many", "ROSEFAST_MAX_BATCH_SIZE='many' is not a valid int"),
+    ("ROSEFAST_MAX_BATCH_SIZE", "0", "ROSEFAST_MAX_BATCH_SIZE"),
+    ("ROSEFAST_CUDA_GRAPH", "maybe", "ROSEFAST_CUDA_GRAPH='maybe' is not a valid bool"),
+    ("ROSEFAST_KV_MEMORY_FRACTION", "2", "ROSEFAST_KV_MEMORY_FRACTION"),
+    ("ROSEFAST_DTYPE", "int4", "ROSEFAST_DTYPE"),
+    ("ROSEFAST_DEVICE", "tpu", "ROSEFAST_DEVICE"),
+    ("ROSEFAST_TOKENIZE_WORKERS", "-1", "ROSEFAST_TOKENIZE_WORKERS=-1 must be >= 0"),
+    ("ROSEFAST_MAX_BODY_BYTES", "0", "ROSEFAST_MAX_BODY_BYTES=0 must be >= 1"),
+])
+def test_bad_values_name_the_variable(name, value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        server_config_from_env({name: value})
+
+
+def test_every_variable_is_in_the_readme():
+    readme = open("README.md", encoding="utf-8").read()
+    missing = [name for name, _ in documented_variables() if name not in readme]
+    assert not missing

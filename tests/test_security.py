@@ -1,0 +1,67 @@
+"""API key, model selection by the operator only, and what the logs may contain."""
+import openai
+import pytest
+import requests
+
+from tests.serving import Server, tiny_env
+
+KEY = "sk-test-7f3a9c1e"
+SECRET_PROMPT = "my-secret-prompt-0xC0FFEE"
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_llama):
+    s = Server(tiny_env(tiny_llama, api_key=KEY))
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("path, method", [("/v1/models", "get"), ("/v1/completions", "post"),
+                                          ("/v1/chat/completions", "post")])
+@pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
+def test_v1_needs_the_key(keyed, path, method, header):
+    headers = {"Authorization": header} if header else {}
+    r = getattr(requests, method)(keyed.url + path, json={"prompt": "x", "max_tokens": 1}, headers=headers)
+    assert r.status_code == 401
+    err = r.json()["error"]
+    assert err["type"] == "authentication_error" and "API key" in err["message"]
+
+
+def test_right_key_works_and_health_stays_open(keyed):
+    assert requests.get(keyed.url + "/health").status_code == 200
+    c = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
+    assert c.completions.create(model="tiny", prompt=SECRET_PROMPT, max_tokens=3).usage.completion_tokens >= 1
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_logs_have_an_access_line_but_never_the_key_or_the_text(keyed):
+    c = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
+    done = c.completions.create(model="tiny", prompt=SECRET_PROMPT, max_tokens=4)
+    log = keyed.log()
+    line = next(l for l in log.splitlines() if done.id in l)
+    assert "status=200" in line and "completion_tokens=" in line and "prompt_tokens=" in line and "e2e_ms=" in line
+    assert KEY not in log and SECRET_PROMPT not in log and done.choices[0].text not in log.replace(line, "")
+
+
+def test_the_model_field_cannot_load_anything(keyed, default_model):
+    c = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
+    for name in (str(default_model.path), "smollm2-135m", "../../etc/passwd", "gpt-4"):
+        with pytest.raises(openai.NotFoundError) as e:
+            c.completions.create(model=name, prompt="x", max_tokens=1)
+        assert e.value.body["type"] == "not_found_error" if isinstance(e.value.body, dict) else True
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+
+
+def test_text_is_logged_only_when_the_operator_asks(tiny_llama):
+    s = Server(tiny_env(tiny_llama, log_text=1))
+    try:
+        requests.post(s.url + "/v1/completions", json={"prompt": SECRET_PROMPT, "max_tokens": 2})
+        assert SECRET_PROMPT in s.log()
+    finally:
+        s.stop()
+
+
+def test_bad_config_value_stops_startup_naming_the_variable(tiny_llama):
+    with pytest.raises(RuntimeError, match="ROSEFAST_MAX_BATCH_SIZE"):
+        Server(tiny_env(tiny_llama, max_batch_size="lots"), startup_timeout=60)
