@@ -14,5 +14,14 @@ control_socket_disable = True   # one fixed socket path per user would clash bet
 
 
 def post_worker_init(worker):
-    """Build the app in the worker right away: the model loads while /health answers 503."""
-    worker.wsgi.load()
+    """Build the app in the worker right away (the model loads while /health answers 503), and drain on
+    SIGTERM: new requests get 503 while the in-flight streams finish, then the worker exits."""
+    import signal
+
+    state = worker.wsgi.load().extensions["rosefast"]
+
+    def on_sigterm(sig, frame):
+        if not state.draining:
+            state.drain(lambda: setattr(worker, "alive", False), max(worker.cfg.graceful_timeout - 2, 1))
+
+    signal.signal(signal.SIGTERM, on_sigterm)

@@ -48,6 +48,11 @@ class EngineThread:
             raise self.load_error
         return True
 
+    @property
+    def open_requests(self):
+        """Requests the engine thread is detokenizing (admitted and not finished)."""
+        return len(self._detoks)
+
     def submit(self, request_id, prompt_ids, params):
         self._queue.put(("add", request_id, prompt_ids, params))
 

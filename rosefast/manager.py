@@ -18,7 +18,7 @@ import time
 from rosefast.config import EngineConfig
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine_thread import EngineThread
-from rosefast.errors import NotReadyError, OverloadedError, ShutdownError
+from rosefast.errors import EngineError, NotReadyError, OverloadedError, ShutdownError
 from rosefast.frontend.admission import AdmissionCounter
 from rosefast.frontend.fanout import FanOut
 from rosefast.frontend.waker import GeventWaker, ThreadWaker
@@ -32,7 +32,7 @@ class SchedulerManager:
     def __init__(self, engine_config=None, *, max_batch_size=None, prefill_max_batch_size=None,
                  max_active_requests=None, max_inflight_requests=None, tokenize_workers=0,
                  record_token_timestamps=False, waker="thread", before_step=None, tokenizer=None, wait=True,
-                 **engine_kwargs):
+                 wrap_tokenizer=None, **engine_kwargs):
         overrides = {k: v for k, v in dict(max_batch_size=max_batch_size, prefill_max_batch_size=prefill_max_batch_size,
                                           max_active_requests=max_active_requests).items() if v is not None}
         if engine_config is None:
@@ -59,6 +59,7 @@ class SchedulerManager:
         self.tokenized_total = 0     # prompts encoded (inline or by the workers)
         self._closed = False
         self._tokenize_workers = tokenize_workers
+        self._wrap_tokenizer = wrap_tokenizer   # e.g. fault injection around the loaded tokenizer
         self._pool = None
         self._engine_thread = EngineThread(self._load, self.fanout, self.waker, self._release, self._timing,
                                            before_step)
@@ -73,6 +74,8 @@ class SchedulerManager:
         self.config.model = self.model
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(self.model)
+        if self._wrap_tokenizer is not None:
+            self.tokenizer = self._wrap_tokenizer(self.tokenizer)
         engine = LLMEngine(self.config)
         if self._tokenize_workers:
             self._pool = TokenizePool(self.tokenizer, self._tokenize_workers, self._tokenized, self._fail)
@@ -144,7 +147,10 @@ class SchedulerManager:
 
     def _encode(self, prompt):
         self.tokenized_total += 1
-        return self.tokenizer(prompt)["input_ids"]
+        try:
+            return self.tokenizer(prompt)["input_ids"]
+        except Exception as e:  # noqa: BLE001 - the tokenizer's failure, not the client's
+            raise EngineError(f"tokenization failed: {e}") from e
 
     def _tokenized(self, rid, ids, when):
         """From a tokenize worker: hand the request to the engine (unless it was aborted meanwhile)."""
@@ -220,6 +226,18 @@ class SchedulerManager:
     def pop_timing(self, request_id):
         """The request's RequestTiming (removed), or None (not recording, or already popped)."""
         return None if self._timing is None else self._timing.pop(request_id, None)
+
+    def bookkeeping(self):
+        """Sizes of every per-request map (all 0 when nothing is in flight): leak checks and /metrics."""
+        sizes = {"slots": len(self._slots), "pending_tokenize": len(self._pending),
+                 "prompt_tokens": len(self._prompt_tokens), "timing": len(self._timing or ()),
+                 "collectors": len(self.fanout), "wakers": self.waker.registered}
+        engine = self.engine
+        if engine is not None:
+            sizes.update(detokenizers=self._engine_thread.open_requests, engine_sequences=len(engine.seqs),
+                         running=len(engine.scheduler.running), waiting=len(engine.scheduler.waiting),
+                         kv_blocks_used=engine.block_manager.num_used_blocks)
+        return sizes
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

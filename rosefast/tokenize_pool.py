@@ -4,6 +4,7 @@ import logging
 import time
 
 from rosefast._native import native_lock, start_native_thread
+from rosefast.errors import EngineError
 
 log = logging.getLogger("rosefast.manager")
 MAX_BATCH = 32
@@ -59,7 +60,7 @@ class TokenizePool:
                 ids = encoded[i] if encoded is not None else self._tokenizer(prompt)["input_ids"]
             except Exception as e:  # noqa: BLE001
                 log.warning("tokenization failed for request %s: %r", rid, e)
-                self._on_error(rid, ValueError(f"tokenization failed: {e}"))
+                self._on_error(rid, EngineError(f"tokenization failed: {e}"))
                 continue
             self._on_done(rid, ids, now)
 

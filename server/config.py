@@ -44,6 +44,12 @@ class ServerConfig:
     retry_after_seconds: int = 1         # the Retry-After of a 429
     api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>"
     log_text: bool = False               # log prompts and completions (off: never)
+    # fault injection, for reliability tests and drills (off by default)
+    fault_steps: str = ""                # engine steps (comma-separated numbers) that raise
+    fault_tokenize_marker: str = ""      # prompts containing this text make the tokenizer raise
+
+    def fault_step_numbers(self):
+        return {int(x) for x in self.fault_steps.split(",") if x.strip()}
 
     def engine_config(self):
         names = {f.name for f in fields(EngineConfig)}
@@ -85,6 +91,10 @@ def server_config_from_env(environ=None):
         low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens") else 0
         if value < low:
             raise ConfigError(f"{PREFIX}{name.upper()}={value} must be >= {low}")
+    try:
+        config.fault_step_numbers()
+    except ValueError:
+        raise ConfigError(f"{PREFIX}FAULT_STEPS={config.fault_steps!r} must be comma-separated integers") from None
     try:
         config.engine_config()
     except ValueError as e:

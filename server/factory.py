@@ -44,11 +44,57 @@ class State:
         c = self.config
         self.manager = SchedulerManager(c.engine_config(), max_inflight_requests=c.max_inflight_requests or None,
                                         tokenize_workers=c.tokenize_workers, waker="gevent" if gevent else "thread",
-                                        wait=False)
+                                        wait=False, **fault_hooks(c))
+
+    def drain(self, done, timeout):
+        """Stop taking requests (503 from now on); call `done()` when the in-flight ones have finished
+        or `timeout` seconds have passed. Runs as a greenlet in the gevent worker."""
+        import gevent
+
+        self.draining = True
+        log.info("draining: %d requests in flight", self.manager.inflight if self.manager else 0)
+
+        def wait():
+            deadline = time.monotonic() + timeout
+            while self.manager is not None and self.manager.inflight and time.monotonic() < deadline:
+                gevent.sleep(0.05)
+            log.info("drained (%d left in flight)", self.manager.inflight if self.manager else 0)
+            done()
+
+        return gevent.spawn(wait)
 
     def close(self):
         if self.manager is not None:
             self.manager.close()
+
+
+def fault_hooks(config):
+    """Fault injection (ROSEFAST_FAULT_*): an engine step that raises, a tokenizer that raises."""
+    hooks = {}
+    steps = config.fault_step_numbers()
+    if steps:
+        def before_step(n, request_ids):
+            if n in steps:
+                raise RuntimeError(f"injected fault in engine step {n}")
+        hooks["before_step"] = before_step
+    marker = config.fault_tokenize_marker
+    if marker:
+        hooks["wrap_tokenizer"] = lambda tokenizer: _FaultyTokenizer(tokenizer, marker)
+    return hooks
+
+
+class _FaultyTokenizer:
+    def __init__(self, tokenizer, marker):
+        self._tokenizer, self._marker = tokenizer, marker
+
+    def __call__(self, text, *args, **kwargs):
+        texts = text if isinstance(text, list) else [text]
+        if any(self._marker in t for t in texts):
+            raise RuntimeError("injected tokenizer fault")
+        return self._tokenizer(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
 
 
 def _json_response(payload, status=200, headers=None):

@@ -21,6 +21,11 @@ class _LiveState:
         yield CounterMetricFamily("rosefast_admitted", "requests admitted", value=adm.accepted_total)
         yield CounterMetricFamily("rosefast_rejected", "requests refused with 429", value=adm.rejected_total)
         yield CounterMetricFamily("rosefast_tokenized_prompts", "prompts encoded", value=m.tokenized_total)
+        books = GaugeMetricFamily("rosefast_bookkeeping_entries", "per-request map sizes (0 when idle)",
+                                  labels=["map"])
+        for name, size in m.bookkeeping().items():
+            books.add_metric([name], size)
+        yield books
         engine = m.engine
         if engine is None:
             return

@@ -74,6 +74,8 @@ def _serve(chat):
         raise APIError(503, "the model is still loading; retry shortly", "server_error") from None
     except ShutdownError:
         raise APIError(503, "the server is shutting down", "server_error") from None
+    except EngineError as e:
+        raise APIError(500, str(e), "server_error") from None
     except ValueError as e:
         raise bad_request(str(e), "messages" if chat else "prompt") from None
     shapes = openai_api.Shapes(chat, state.model_name)
@@ -137,9 +139,10 @@ class _Run:
                     first = False
             if include_usage:
                 yield sse.event(shapes.usage_chunk(self._usage()))
-        except (EngineError, ShutdownError) as e:
-            self.status = "500" if isinstance(e, EngineError) else "503"
-            yield sse.event(APIError(int(self.status), str(e), "server_error").body())
+        except (EngineError, ShutdownError, ValueError) as e:   # after the 200: an error event, then [DONE]
+            self.status = {ShutdownError: "503", ValueError: "400"}.get(type(e), "500")
+            kind = "invalid_request_error" if isinstance(e, ValueError) else "server_error"
+            yield sse.event(APIError(int(self.status), str(e), kind).body())
         except GeneratorExit:
             self.status = "499"   # the client went away
             raise
@@ -159,6 +162,9 @@ class _Run:
         except EngineError as e:
             self.status = "500"
             raise APIError(500, str(e), "server_error") from None
+        except ValueError as e:
+            self.status = "400"
+            raise bad_request(str(e), "messages" if self.chat else "prompt") from None
         except ShutdownError as e:
             self.status = "503"
             raise APIError(503, str(e), "server_error") from None

@@ -28,6 +28,10 @@ class ThreadWaker:
     def unregister(self, request_id):
         self._signals.pop(request_id, None)
 
+    @property
+    def registered(self):
+        return len(self._signals)
+
     def wake(self, request_ids):
         if not request_ids:
             return
@@ -73,6 +77,10 @@ class GeventWaker:
 
     def unregister(self, request_id):
         self._events.pop(request_id, None)
+
+    @property
+    def registered(self):
+        return len(self._events)
 
     def wake(self, request_ids):
         """Called from any thread (normally the engine's): queue the ids, send one signal."""

@@ -1,0 +1,270 @@
+"""Reliability: graceful shutdown, disconnect storms, fuzzed bodies, long runs — nothing lost, nothing leaked."""
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.serving import Server, tiny_env
+
+
+def test_sigterm_finishes_inflight_streams_refuses_new_ones_and_exits_0(tiny_llama):
+    s = Server(tiny_env(tiny_llama))
+    r = requests.post(s.url + "/v1/completions", json={"prompt": "drain me", "max_tokens": 700, "stream": True,
+                                                       "ignore_eos": True, "stream_options": {"include_usage": True}},
+                      stream=True)
+    lines = r.iter_lines()
+    assert next(lines).startswith(b"data: ")
+    os.kill(s.proc.pid, signal.SIGTERM)   # to the gunicorn master, as a process manager would
+    refused = None
+    for _ in range(100):
+        try:
+            refused = requests.post(s.url + "/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=5)
+            if refused.status_code == 503:
+                break
+        except requests.RequestException:
+            pass
+        time.sleep(0.02)
+    rest = [line for line in lines if line]
+    assert refused is not None and refused.status_code == 503
+    assert refused.json()["error"]["message"] == "the server is shutting down"
+    assert rest[-1] == b"data: [DONE]"
+    assert json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 700   # the stream ran to its end
+    assert s.proc.wait(30) == 0
+    s.stop()
+
+
+def bookkeeping(server):
+    text = requests.get(server.url + "/metrics", timeout=5).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("rosefast_bookkeeping_entries{"):
+            name = line.split('map="')[1].split('"')[0]
+            out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def wait_idle(server, timeout=15):
+    deadline = time.monotonic() + timeout
+    books = bookkeeping(server)
+    while time.monotonic() < deadline and any(books.values()):
+        time.sleep(0.05)
+        books = bookkeeping(server)
+    return books
+
+
+@pytest.fixture(scope="module")
+def storm_server(tiny_llama):
+    s = Server(tiny_env(tiny_llama, max_tokens_cap=64, default_max_tokens=4, max_batch_size=64))
+    yield s
+    s.stop()
+
+
+def test_disconnect_storm_leaves_nothing_behind(storm_server):
+    s = storm_server
+    rng = random.Random(7)
+    plan = [(i, rng.random() < 0.5, rng.randint(0, 20)) for i in range(200)]
+    results = {}
+
+    def client(i, quit_early, after):
+        body = {"prompt": f"storm {i}", "max_tokens": 40, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}
+        r = requests.post(s.url + "/v1/completions", json=body, stream=True, timeout=60)
+        events = 0
+        for line in r.iter_lines():
+            if not line:
+                continue
+            if quit_early and events >= after:
+                r.raw._fp.fp.raw._sock.shutdown(socket.SHUT_RDWR)
+                r.close()
+                results[i] = "closed"
+                return
+            events += 1
+            if line == b"data: [DONE]":
+                break
+            payload = json.loads(line[6:])
+            if payload.get("usage"):
+                results[i] = payload["usage"]["completion_tokens"]
+        r.close()
+
+    threads = [threading.Thread(target=client, args=p) for p in plan]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    books = wait_idle(s)
+    assert books and not any(books.values()), books
+    assert s.metric("rosefast_inflight_requests") == 0 and s.metric("rosefast_kv_blocks_used") == 0
+    finished = [i for i, quit_early, after in plan if not quit_early]
+    assert all(results.get(i) == 40 for i in finished), {i: results.get(i) for i in finished if results.get(i) != 40}
+    assert requests.get(s.url + "/health").status_code == 200
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=50),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=20)
+FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+          "stream_options", "ignore_eos", "n", "logprobs", "echo", "user", "frequency_penalty", "unknown_field"]
+BODIES = st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=8) | JSON
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=BODIES, chat=st.booleans(), valid_prompt=st.booleans())
+def test_fuzzed_bodies_never_get_a_5xx(storm_server, body, chat, valid_prompt):
+    if valid_prompt and isinstance(body, dict):   # steer half the bodies past the first checks
+        body.setdefault("messages" if chat else "prompt", [{"role": "user", "content": "hi"}] if chat else "hi")
+    data = json.dumps(body, allow_nan=True).encode()
+    r = requests.post(storm_server.url + ("/v1/chat/completions" if chat else "/v1/completions"), data=data,
+                      timeout=60)
+    assert r.status_code < 500, (body, r.status_code, r.text[:300])
+    if r.status_code >= 400:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_fuzz_leaves_the_worker_alive(storm_server):
+    huge = "x" * (3 << 20)
+    assert requests.post(storm_server.url + "/v1/completions", data=huge).status_code == 413
+    nested = "[" * 100000 + "]" * 100000
+    assert requests.post(storm_server.url + "/v1/completions", data=nested).status_code in (400, 413)
+    assert requests.get(storm_server.url + "/health").status_code == 200
+    assert not any(wait_idle(storm_server).values())
+
+
+@pytest.mark.slow
+def test_2000_requests_through_one_worker_leave_no_bookkeeping(storm_server):
+    import asyncio
+
+    import httpx
+
+    async def main():
+        sem = asyncio.Semaphore(32)
+        async with httpx.AsyncClient(base_url=storm_server.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=40)) as c:
+            async def one(i):
+                async with sem:
+                    body = {"prompt": f"request {i} " * (1 + i % 7), "max_tokens": 3, "stream": i % 2 == 0}
+                    r = await c.post("/v1/chat/completions" if i % 3 == 0 else "/v1/completions",
+                                     json=body if i % 3 else {"messages": [{"role": "user", "content": body["prompt"]}],
+                                                              "max_tokens": 3, "stream": body["stream"]})
+                    return r.status_code
+            return await asyncio.gather(*(one(i) for i in range(2000)))
+
+    statuses = asyncio.run(main())
+    assert statuses.count(200) == 2000
+    books = wait_idle(storm_server)
+    assert books and not any(books.values()), books
+
+
+def test_engine_and_tokenizer_faults_reach_the_client_and_the_server_keeps_serving(tiny_llama):
+    s = Server(tiny_env(tiny_llama, fault_steps="6", fault_tokenize_marker="POISON", tokenize_workers=1))
+    try:
+        for _ in range(3):   # steps 1..5: healthy
+            ok = requests.post(s.url + "/v1/completions", json={"prompt": "warm", "max_tokens": 1})
+            assert ok.status_code == 200
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "victim", "max_tokens": 50, "stream": True,
+                                                           "ignore_eos": True}, stream=True)
+        events = [line for line in r.iter_lines() if line]
+        assert events[-1] == b"data: [DONE]"
+        err = json.loads(events[-2][6:])["error"]
+        assert "injected fault in engine step" in err["message"] and err["type"] == "server_error"
+        bad = requests.post(s.url + "/v1/completions", json={"prompt": "a POISON prompt", "max_tokens": 3})
+        assert bad.status_code == 500 and "tokenization failed" in bad.json()["error"]["message"]
+        streamed = requests.post(s.url + "/v1/completions", json={"prompt": "POISON again", "max_tokens": 3,
+                                                                  "stream": True}).content.decode()
+        assert "tokenization failed" in streamed and streamed.endswith("data: [DONE]\n\n")
+        after = requests.post(s.url + "/v1/completions", json={"prompt": "survivor", "max_tokens": 4,
+                                                               "ignore_eos": True})
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 4
+        assert not any(wait_idle(s).values())
+    finally:
+        s.stop()
+
+
+def worker_rss_mb(server):
+    import subprocess
+
+    pids = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+    with open(f"/proc/{pids[0]}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+SOAK_SECONDS = float(os.environ.get("ROSEFAST_SOAK_SECONDS", "15"))
+
+
+@pytest.mark.slow
+def test_overload_soak_ends_every_request_as_a_stream_or_a_fast_429(tiny_llama):
+    import asyncio
+
+    import httpx
+
+    s = Server(tiny_env(tiny_llama, max_inflight_requests=32, max_batch_size=32))
+    body = {"prompt": "soak " * 20, "max_tokens": 16, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+
+    async def one(c, out):
+        t0 = time.perf_counter()
+        async with c.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code == 429:
+                await r.aread()
+                out.append(("429", time.perf_counter() - t0, None))
+                return
+            first, lines = None, []
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    first = first or time.perf_counter() - t0
+                    lines.append(line)
+            out.append((str(r.status_code), first, lines))
+
+    async def closed_loop(c, seconds):
+        done, end = [], time.perf_counter() + seconds
+
+        async def worker():
+            while time.perf_counter() < end:
+                await one(c, done)
+        await asyncio.gather(*(worker() for _ in range(32)))
+        return len(done) / seconds
+
+    async def main():
+        async with httpx.AsyncClient(base_url=s.url, timeout=120, limits=httpx.Limits(max_connections=2000)) as c:
+            sustained = await closed_loop(c, 3.0)
+            rate = 3 * sustained
+            out, tasks, t0, i = [], [], time.perf_counter(), 0
+            while time.perf_counter() - t0 < SOAK_SECONDS:
+                target = t0 + i / rate
+                await asyncio.sleep(max(0.0, target - time.perf_counter()))
+                tasks.append(asyncio.create_task(one(c, out)))
+                i += 1
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)   # no hang
+            return sustained, out
+
+    try:
+        rss_before = worker_rss_mb(s)
+        sustained, out = asyncio.run(main())
+        books = wait_idle(s)
+        rss_after = worker_rss_mb(s)
+    finally:
+        s.stop()
+    statuses = [o[0] for o in out]
+    accepted = [o for o in out if o[0] == "200"]
+    rejected = [o for o in out if o[0] == "429"]
+    assert set(statuses) <= {"200", "429"} and rejected and accepted
+    for _, _, lines in accepted:   # complete: the usage chunk says 16 tokens, then [DONE]
+        assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 16
+    ttft = sorted(o[1] for o in accepted)
+    p99 = ttft[int(0.99 * (len(ttft) - 1))]
+    reject_p99 = sorted(o[1] for o in rejected)[int(0.99 * (len(rejected) - 1))]
+    print(f"\nsoak: sustained {sustained:.0f} req/s, offered {3 * sustained:.0f} req/s for {SOAK_SECONDS:.0f} s; "
+          f"{len(out)} requests, {len(accepted)} completed, {len(rejected)} rejected; TTFT p99 {p99 * 1e3:.0f} ms; "
+          f"429 p99 {reject_p99 * 1e3:.1f} ms; worker RSS {rss_before:.0f} -> {rss_after:.0f} MB")
+    assert p99 < 10.0   # bounded by the inflight limit, not by the length of the soak
+    assert not any(books.values()), books
+    assert rss_after < rss_before + 200
