@@ -352,37 +352,44 @@ def print_report(f, args, http, model_name, device):
           f"total {f['throughput_total_tok_s']:.1f} tok/s")
 
 
+def measure(args, prompts, run):
+    """Warm-up runs on a few prompts, then --repeat-runs measured runs; `run(prompts, progress)` -> samples."""
+    for _ in range(args.warmup_runs):
+        run(prompts[:min(4, len(prompts))], None)
+    progress = _progress(args, len(prompts) * args.repeat_runs)
+    samples = []
+    for _ in range(args.repeat_runs):
+        samples += run(prompts, progress)
+    progress.close()
+    return samples
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.num_requests < 1 or args.max_new_tokens < 1 or args.prompt_repeats < 1:
         raise SystemExit("--num-requests, --max-new-tokens and --prompt-repeats must be >= 1")
+    sys.setswitchinterval(0.0005)   # as the server does: the submit loop is not kept off the GIL for 5 ms
     http = args.url is not None
-    samples = []
     if http:
         tokenizer = None
         if args.pretok:
             from rosefast.models import load_tokenizer
 
             tokenizer = load_tokenizer(_model_spec(args))
-        prompts = make_prompts(args, tokenizer)
-        for _ in range(args.warmup_runs):
-            run_http(args, prompts[:min(4, len(prompts))])
-        progress = _progress(args, len(prompts) * args.repeat_runs)
-        for _ in range(args.repeat_runs):
-            run_samples, model_name = run_http(args, prompts, progress)
-            samples += run_samples
-        progress.close()
-        device = "remote"
+        names = []
+
+        def run(prompts, progress):
+            samples, name = run_http(args, prompts, progress)
+            names.append(name)
+            return samples
+
+        samples = measure(args, make_prompts(args, tokenizer), run)
+        model_name, device = names[-1], "remote"
     else:
         manager = make_manager(args)
         try:
-            prompts = make_prompts(args, manager.tokenizer)
-            for _ in range(args.warmup_runs):
-                run_inprocess(manager, args, prompts[:min(4, len(prompts))])
-            progress = _progress(args, len(prompts) * args.repeat_runs)
-            for _ in range(args.repeat_runs):
-                samples += run_inprocess(manager, args, prompts, progress)
-            progress.close()
+            samples = measure(args, make_prompts(args, manager.tokenizer),
+                              lambda prompts, progress: run_inprocess(manager, args, prompts, progress))
             model_name = manager.model.name
             device = f"{manager.engine.runner.device} ({str(manager.engine.runner.dtype).removeprefix('torch.')})"
         finally:
