@@ -1,12 +1,17 @@
 """Native OS threads and locks, even where gevent has monkey-patched `threading` and `_thread`."""
 import sys
 
+_cache = {}
+
 
 def _original(module, name):
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None:
-        return monkey.get_original(module, name)
-    return getattr(__import__(module), name)
+    """The unpatched function (looked up once: it is native whether or not gevent patches later)."""
+    fn = _cache.get(name)
+    if fn is None:
+        monkey = sys.modules.get("gevent.monkey")
+        fn = monkey.get_original(module, name) if monkey is not None else getattr(__import__(module), name)
+        _cache[name] = fn
+    return fn
 
 
 def native_lock():
