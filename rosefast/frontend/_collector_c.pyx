@@ -10,7 +10,7 @@ from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.string cimport memcpy
 
-from rosefast.frontend._collector_py import check_delta, chunk_fields
+from rosefast.frontend._collector_py import check_delta, chunk_fields, chunk_repr, chunks_equal
 
 
 cdef extern from "ptrvec.h":
@@ -38,14 +38,10 @@ cdef class StreamChunk:
         self.finish_reason = finish_reason
 
     def __eq__(self, other):
-        try:
-            return chunk_fields(self) == chunk_fields(other)
-        except TypeError:
-            return NotImplemented
+        return chunks_equal(self, other)
 
     def __repr__(self):
-        return (f"StreamChunk(token_ids={self.token_ids!r}, text={self.text!r}, "
-                f"finished={self.finished!r}, finish_reason={self.finish_reason!r})")
+        return chunk_repr(self)
 
 
 cdef inline void _release_all(rf_ptrvec *v):

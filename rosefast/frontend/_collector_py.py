@@ -22,6 +22,19 @@ def chunk_fields(chunk):
         raise TypeError(f"chunk {type(chunk).__name__} is missing field(s): {', '.join(missing)}") from None
 
 
+def chunks_equal(a, b):
+    """Field-wise equality of two chunk-like objects (NotImplemented when `b` is not one)."""
+    try:
+        return chunk_fields(a) == chunk_fields(b)
+    except TypeError:
+        return NotImplemented
+
+
+def chunk_repr(chunk):
+    return (f"StreamChunk(token_ids={chunk.token_ids!r}, text={chunk.text!r}, "
+            f"finished={chunk.finished!r}, finish_reason={chunk.finish_reason!r})")
+
+
 class StreamChunk:
     __slots__ = FIELDS
 
@@ -31,15 +44,8 @@ class StreamChunk:
         self.finished = finished
         self.finish_reason = finish_reason
 
-    def __eq__(self, other):
-        try:
-            return chunk_fields(self) == chunk_fields(other)
-        except TypeError:
-            return NotImplemented
-
-    def __repr__(self):
-        return (f"StreamChunk(token_ids={self.token_ids!r}, text={self.text!r}, "
-                f"finished={self.finished!r}, finish_reason={self.finish_reason!r})")
+    __eq__ = chunks_equal
+    __repr__ = chunk_repr
 
 
 class StreamOutputCollector:
