@@ -23,6 +23,3 @@ def start_native_thread(target, *args):
     """Start `target(*args)` in a real OS thread; gevent's patched Thread would give a greenlet."""
     return _original("_thread", "start_new_thread")(target, args)
 
-
-def native_get_ident():
-    return _original("_thread", "get_ident")()

@@ -9,7 +9,3 @@ def event(payload):
     """One SSE event carrying `payload` as compact JSON (an event ends with a blank line)."""
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
-
-def comment(text=""):
-    """A comment line (ignored by clients): a heartbeat that also reveals a closed connection."""
-    return b": " + text.encode() + b"\n\n"

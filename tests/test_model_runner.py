@@ -173,3 +173,14 @@ def test_cuda_graph_decode_matches_eager(tiny_llama):
     graph = run_ours(runner_for(tiny_llama, dtype="bfloat16", device="cuda", cuda_graph=True), prompts, 8,
                      next_tokens=[[int(s[-1].argmax()) for s in seq[:-1]] for seq in eager])
     assert max_abs_diff(eager, graph) < 1e-2
+
+
+def test_block_pool_logical_view_has_the_spec_shape(tiny_llama):
+    runner = runner_for(tiny_llama, kv_cache_tokens=64, block_size=4)
+    args, kv = runner.args, runner.kv
+    pool = kv.block_view(0)
+    assert pool.shape == (kv.num_blocks + 1, 4, args.num_kv_heads, args.head_dim)
+    prompt = [5, 6, 7, 8, 9]
+    runner.forward([SeqInput(prompt, 0, [3, 1])], True)
+    # token 4 (position 4) went to block 1, offset 0: non-zero there, block 2 untouched
+    assert pool[1, 0].abs().sum() > 0 and pool[2].abs().sum() == 0

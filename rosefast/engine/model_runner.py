@@ -108,7 +108,3 @@ class ModelRunner:
             width = max(len(s.block_table) for s in seqs)
             hidden = self.decode_forward(*self.decode_tensors(seqs, width))
         return self.model.logits(hidden).float()
-
-    def step(self, seqs, is_prefill, params, generators):
-        """Run one step and sample: the next token of each sequence."""
-        return self.sampler(self.forward(seqs, is_prefill), params, generators)
