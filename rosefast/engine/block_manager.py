@@ -52,38 +52,36 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
-    def _lookup(self, seq):
-        """Leading blocks of `seq` already in the cache (at most all but its last token)."""
+    def lookup(self, seq):
+        """The cached leading blocks of `seq` (at most all but its last token), and whether the search
+        ended on a miss. Changes nothing: pass the result to can_allocate and allocate."""
         if not self.enable_prefix_cache:
-            return []
+            return [], False
         bs, found, prev = self.block_size, [], None
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = self.hash_fn(prev, tokens)
             block = self.hash_to_block.get(h)
             if block is None or self.block_tokens[block] != tokens:   # a collision is a miss
-                self.misses += 1
-                break
-            self.hits += 1
-            found.append((block, h))
+                return found, True
+            found.append(block)
             prev = h
-        return found
+        return found, False
 
-    def can_allocate(self, seq):
-        hits = self._peek_hits(seq)
-        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
-        return self.blocks_for(seq.num_tokens) - len(hits) + revived <= self.num_free_blocks
+    def can_allocate(self, seq, hit):
+        """Whether `seq` fits now, given its `lookup` result."""
+        found, _ = hit
+        revived = sum(1 for b in found if self.ref_counts[b] == 0)
+        return self.blocks_for(seq.num_tokens) - len(found) + revived <= self.num_free_blocks
 
-    def _peek_hits(self, seq):
-        counters = self.hits, self.misses
-        found = [b for b, _ in self._lookup(seq)]
-        self.hits, self.misses = counters
-        return found
-
-    def allocate(self, seq):
-        """Give a waiting sequence blocks for all its tokens, reusing cached leading blocks."""
+    def allocate(self, seq, hit):
+        """Give a waiting sequence blocks for all its tokens, reusing the cached leading blocks found by
+        `lookup` (nothing ran between the two: the engine thread owns the block manager)."""
         assert not seq.block_table
-        for block, _h in self._lookup(seq):
+        found, missed = hit
+        self.hits += len(found)
+        self.misses += missed
+        for block in found:
             if self.ref_counts[block] == 0:
                 del self.free_cached[block]
             self.ref_counts[block] += 1

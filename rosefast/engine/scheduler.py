@@ -69,10 +69,11 @@ class Scheduler:
         while (self.waiting and budget > 0 and len(seqs) < self.prefill_max_batch_size
                and len(self.running) < self.max_running):
             seq = self.waiting[0]
-            if not bm.can_allocate(seq):
+            hit = bm.lookup(seq)
+            if not bm.can_allocate(seq, hit):
                 break
             self.waiting.popleft()
-            bm.allocate(seq)
+            bm.allocate(seq, hit)
             if seq.scheduled_at is None:
                 seq.scheduled_at = time.perf_counter()
             seq.status = SequenceStatus.RUNNING
@@ -98,7 +99,7 @@ class Scheduler:
                 self.preempt(victim)
                 if victim in seqs:
                     seqs.remove(victim)
-            if seq.status is SequenceStatus.RUNNING and seq in self.running:
+            if seq.status is SequenceStatus.RUNNING:   # not preempted nor cut short above
                 bm.append_slot(seq)
                 seqs.append(seq)
         return ScheduledStep(False, seqs, [1] * len(seqs)) if seqs else None
