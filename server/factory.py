@@ -146,20 +146,25 @@ def create_app(config=None, start=True):
     def metrics():
         return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
 
+    def _answer(e):
+        """Every error response goes out here: counted once, with an OpenAI body."""
+        routes.count_request(state, request.environ, routes.ENDPOINTS.get(request.path, "other"), str(e.status))
+        return e.response()
+
     @app.errorhandler(APIError)
     def _api_error(e):
-        return e.response()
+        return _answer(e)
 
     @app.errorhandler(HTTPException)
     def _http_error(e):
         types = {413: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error"}
         message = {413: f"request body too large (limit {config.max_body_bytes} bytes)"}.get(e.code, e.description)
-        return APIError(e.code, message, types.get(e.code, "invalid_request_error")).response()
+        return _answer(APIError(e.code, message, types.get(e.code, "invalid_request_error")))
 
     @app.errorhandler(Exception)
     def _unexpected(e):
         log.exception("unexpected error on %s", request.path)
-        return APIError(500, f"internal error: {type(e).__name__}", "server_error").response()
+        return _answer(APIError(500, f"internal error: {type(e).__name__}", "server_error"))
 
     if start:
         state.start()

@@ -67,7 +67,6 @@ def _serve(chat):
     try:
         rid = manager.add_request(prompt, prompt_token_ids=prompt_ids, params=params)
     except OverloadedError as e:
-        state.metrics.requests.labels(_endpoint(chat), "429").inc()
         raise APIError(429, str(e), "rate_limit_error", code="rate_limit_exceeded",
                        headers={"Retry-After": str(state.config.retry_after_seconds)}) from None
     except NotReadyError:
@@ -99,12 +98,24 @@ def _endpoint(chat):
     return "chat" if chat else "completions"
 
 
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/models": "models"}
+
+
+def count_request(state, environ, endpoint, status):
+    """One increment of rosefast_requests_total per request, whichever path answered it (the mark is kept
+    in the WSGI environ: a streaming body finishes outside Flask's request context)."""
+    if not environ.get("rosefast.counted"):
+        environ["rosefast.counted"] = True
+        state.metrics.requests.labels(endpoint, status).inc()
+
+
 class _Run:
     """One admitted request on its way out: events or one JSON body, then the books."""
 
     def __init__(self, state, manager, rid, shapes, chat, t0, stop_watch):
         self.state, self.manager, self.rid, self.shapes, self.chat = state, manager, rid, shapes, chat
         self.t0, self.stop_watch = t0, stop_watch
+        self.environ = request.environ
         self.completion_tokens = 0
         self.prompt_tokens = 0
         self.text = [] if state.config.log_text else None
@@ -182,7 +193,7 @@ class _Run:
         m = self.state.metrics
         prompt_tokens = self.prompt_tokens
         now = time.perf_counter()
-        m.requests.labels(_endpoint(self.chat), self.status).inc()
+        count_request(self.state, self.environ, _endpoint(self.chat), self.status)
         m.prompt_tokens.inc(prompt_tokens)
         m.completion_tokens.inc(self.completion_tokens)
         if self.t_last is not None:
