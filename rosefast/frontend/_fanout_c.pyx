@@ -6,7 +6,7 @@ from cpython.ref cimport PyObject
 
 from rosefast.frontend._collector_c cimport StreamOutputCollector
 
-from rosefast.frontend._fanout_py import check_new, check_step
+from rosefast.frontend._fanout_py import check_new, check_step, fail_streams
 
 
 cdef class FanOut:
@@ -63,9 +63,4 @@ cdef class FanOut:
         return ready
 
     def publish_error(self, request_ids, exc):
-        ready = []
-        for rid in request_ids:
-            collector = self._collectors.get(rid)
-            if collector is not None and collector.put_error(exc):
-                ready.append(rid)
-        return ready
+        return fail_streams(self._collectors, request_ids, exc)

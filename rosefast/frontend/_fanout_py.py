@@ -10,6 +10,16 @@ def check_step(request_ids, token_ids, texts, finished, finish_reasons):
             raise ValueError(f"publish: {name} has {len(seq)} entries for {n} request_ids")
 
 
+def fail_streams(collectors, request_ids, exc):
+    """Put `exc` into each registered request's collector; the ids that became ready (both flavours)."""
+    ready = []
+    for rid in request_ids:
+        collector = collectors.get(rid)
+        if collector is not None and collector.put_error(exc):
+            ready.append(rid)
+    return ready
+
+
 def check_new(collectors, request_id):
     if request_id in collectors:
         raise KeyError(f"request id {request_id!r} is already registered")
@@ -55,9 +65,4 @@ class FanOut:
         return ready
 
     def publish_error(self, request_ids, exc):
-        ready = []
-        for rid in request_ids:
-            collector = self._collectors.get(rid)
-            if collector is not None and collector.put_error(exc):
-                ready.append(rid)
-        return ready
+        return fail_streams(self._collectors, request_ids, exc)
