@@ -105,7 +105,9 @@ class LLMEngine:
                   for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)]
         logits = self.runner.forward(inputs, step.is_prefill)
-        tokens = self.runner.sampler(logits[sampling], [step.seqs[i].params for i in sampling],
+        if len(sampling) < len(step.seqs):   # a chunked prefill in the step: only the finished rows sample
+            logits = logits[sampling]
+        tokens = self.runner.sampler(logits, [step.seqs[i].params for i in sampling],
                                      [step.seqs[i].generator for i in sampling]) if sampling else []
         for seq, n in zip(step.seqs, step.chunks):
             seq.num_cached += n
