@@ -1,4 +1,4 @@
-"""Build: the Cython hot paths in rosefast/frontend/, or only their pure-Python twins.
+"""Build: the Cython hot paths (rosefast/frontend/, rosefast/models/), or only their pure-Python twins.
 
 ROSEFAST_NO_EXTENSIONS=1   build (and later use) the pure-Python twins only
 ROSEFAST_DEBUG_BUILD=1     compile the extensions with -O0 -g and Cython line tracing off
@@ -8,8 +8,10 @@ import sys
 
 from setuptools import Extension, setup
 
-# One entry per accelerated module: rosefast/frontend/_<name>_c.pyx beside _<name>_py.py.
-COMPILED_MODULES = ["admission", "collector", "fanout"]
+# One entry per accelerated module: <package>/_<name>_c.pyx beside _<name>_py.py.
+COMPILED_MODULES = ["frontend/admission", "frontend/collector", "frontend/fanout", "models/kernels"]
+# The model kernels split their work with OpenMP: the same libgomp torch loads, so one thread pool.
+OPENMP_MODULES = {"models/kernels"}
 
 
 def _flag(name):
@@ -24,19 +26,18 @@ def _extensions():
 
     debug = _flag("ROSEFAST_DEBUG_BUILD")
     cflags = ["-O0", "-g"] if debug else ["-O3"]
-    names = [m for m in COMPILED_MODULES if os.path.exists(f"rosefast/frontend/_{m}_c.pyx")]
-    exts = [
-        Extension(
-            f"rosefast.frontend._{m}_c",
-            [f"rosefast/frontend/_{m}_c.pyx"],
-            include_dirs=["csrc"],
-            extra_compile_args=cflags,
-        )
-        for m in names
-    ]
+    exts = []
+    for m in COMPILED_MODULES:
+        package, name = m.split("/")
+        source = f"rosefast/{package}/_{name}_c.pyx"
+        if not os.path.exists(source):
+            continue
+        openmp = ["-fopenmp"] if m in OPENMP_MODULES else []
+        exts.append(Extension(f"rosefast.{package}._{name}_c", [source], include_dirs=["csrc"],
+                              extra_compile_args=cflags + openmp, extra_link_args=openmp))
     print(
         f"rosefast: building the compiled flavour ({'debug -O0 -g' if debug else '-O3'}): "
-        + ", ".join(f"_{m}_c" for m in names),
+        + ", ".join(e.name for e in exts),
         file=sys.stderr,
     )
     return cythonize(

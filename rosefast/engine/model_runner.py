@@ -83,14 +83,7 @@ class ModelRunner:
 
     def decode_forward(self, input_ids, positions, slot_mapping, block_tables, context_lens):
         """Hidden states [B, hidden] for one decode step; everything it does is capturable in a CUDA graph."""
-        span = block_tables.shape[1] * self.block_size
-        visible = torch.arange(span, device=self.device)[None, :] < context_lens[:, None]  # [B, L]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
-        hkv, pool_blocks = self.args.num_kv_heads, self.kv.num_blocks + 1
-        heads = torch.arange(hkv, device=self.device)[:, None] * pool_blocks
-        meta = AttentionMetadata(False, slot_mapping, block_tables,
-                                 decode_mask=mask.repeat(hkv, 1)[:, None, :],                 # [Hkv*B, 1, L]
-                                 gather_index=(heads + block_tables.reshape(1, -1)).reshape(-1))
+        meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens=context_lens)
         return self.model(input_ids, positions, meta, self.kv.layers)
 
     @torch.inference_mode()

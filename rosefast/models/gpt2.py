@@ -3,7 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rosefast.models.layers import paged_attention
+from rosefast.models import kernels
+from rosefast.models.layers import attention
 
 
 class GPT2Layer(nn.Module):
@@ -19,11 +20,11 @@ class GPT2Layer(nn.Module):
         self.proj = nn.Linear(args.intermediate_size, d)
         self.scale = args.head_dim ** -0.5
 
-    def forward(self, x, meta, k_cache, v_cache):
+    def forward(self, x, meta, k_cache, v_cache, ops):
         a = self.args
-        qkv = self.qkv(self.ln_1(x)).view(-1, 3 * a.num_heads, a.head_dim)        # [T, 3H, D]
-        q, k, v = qkv.split(a.num_heads, dim=1)
-        x = x + self.o(paged_attention(q, k, v, k_cache, v_cache, meta, a.num_heads, self.scale))
+        qkv = self.qkv(self.ln_1(x))                                                 # [T, 3*H*D]
+        ops.store_kv(qkv, a.num_heads, a.num_heads, meta.slot_mapping, k_cache, v_cache)
+        x = x + self.o(attention(qkv, a.num_heads, a.num_heads, k_cache, v_cache, meta, self.scale, ops))
         return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
 
 
@@ -38,8 +39,9 @@ class GPT2Model(nn.Module):
 
     def forward(self, input_ids, positions, meta, kv_caches):
         x = self.wte(input_ids) + self.wpe(positions)
+        ops = kernels.for_tensor(x)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = layer(x, meta, k_cache, v_cache)
+            x = layer(x, meta, k_cache, v_cache, ops)
         return x
 
     def logits(self, hidden):

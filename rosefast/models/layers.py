@@ -15,9 +15,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor          # [T] where each new token's K/V goes in the flattened block pool
     block_tables: torch.Tensor          # [B, max_blocks] block ids per sequence (padding: the scratch block)
     query_lens: list = None             # prefill: new tokens per sequence
-    context_lens: list = None           # prefill: tokens in the cache after this step, per sequence
-    decode_mask: torch.Tensor = None    # decode: [Hkv*B, 1, L] additive mask (0 / -inf) over the gathered context
-    gather_index: torch.Tensor = None   # decode: [Hkv*B*nb] rows of the [Hkv*blocks, block_size*D] pool view
+    context_lens: object = None         # tokens in the cache after this step: prefill a list, decode a [B] tensor
+    decode_mask: torch.Tensor = None    # decode, torch twin: [Hkv*B, 1, L] additive mask (built by the first layer)
+    gather_index: torch.Tensor = None   # decode, torch twin: [Hkv*B*nb] rows of the [Hkv*blocks, bs*D] pool view
 
 
 def rope_inv_freq(args):
@@ -52,27 +52,15 @@ def rope_cache(args, max_positions, dtype, device):
     return emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device)
 
 
-def apply_rope(x, cos, sin):
-    """x: [T, heads, D]; cos/sin: [T, 1, D] for each token's position."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):
+    """Each sequence's new tokens attend causally to its context -> [T, H*D]. q: [T, H, D]; k, v: [T, Hkv, D].
 
-
-def paged_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):
-    """Write this call's K/V into the block pools, then attend. q: [T, H, D]; k, v: [T, Hkv, D] -> [T, H*D].
-
-    k_cache / v_cache: one layer's pools, stored head-major [Hkv, num_blocks, block_size, D]. Prefill
-    attends each sequence causally to its whole context (earlier chunks and cached prefix included);
-    decode attends each sequence's one query to its gathered context, the GQA group of query heads
-    taking the place of query rows.
+    The call's K/V are already in the pools (store_kv). A chunk with nothing cached before it attends to
+    its fresh K/V; a later chunk (or a cached prefix) gathers its context from the pools, which are
+    head-major [Hkv, num_blocks, block_size, D].
     """
     T, H, D = q.shape
-    _, _, block_size, _ = k_cache.shape
-    k_cache.view(num_kv_heads, -1, D).index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
-    v_cache.view(num_kv_heads, -1, D).index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
-    if not meta.is_prefill:
-        return _decode_attention(q, k_cache, v_cache, meta, num_kv_heads, scale)
+    block_size = k_cache.shape[2]
     outs = []
     start = 0
     gqa = H != num_kv_heads
@@ -94,20 +82,10 @@ def paged_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _decode_attention(q, k_cache, v_cache, meta, num_kv_heads, scale):
-    B, H, D = q.shape
-    _, pool_blocks, block_size, _ = k_cache.shape
-    n = meta.gather_index.numel()                                                        # Hkv * B * nb
-    k_ctx, v_ctx = k_cache.workspace.gather_buffers(n // num_kv_heads)
-    # dim-0 gathers of whole (head, block) rows: the fast contiguous-copy path
-    torch.index_select(k_cache.view(-1, block_size * D), 0, meta.gather_index, out=k_ctx.view(n, -1))
-    torch.index_select(v_cache.view(-1, block_size * D), 0, meta.gather_index, out=v_ctx.view(n, -1))
-    L = meta.block_tables.shape[1] * block_size
-    k_ctx = k_ctx.view(num_kv_heads * B, L, D)
-    v_ctx = v_ctx.view(num_kv_heads * B, L, D)
-    G = H // num_kv_heads
-    qg = q.view(B, num_kv_heads, G, D).transpose(0, 1).reshape(num_kv_heads * B, G, D)  # [Hkv*B, G, D]
-    scores = torch.baddbmm(meta.decode_mask, qg, k_ctx.transpose(1, 2), alpha=scale)      # [Hkv*B, G, L]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.bmm(probs, v_ctx).view(num_kv_heads, B, G, D)
-    return out.transpose(0, 1).reshape(B, H * D)
+def attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, ops):
+    """Store this call's K/V (RoPE already applied by the caller's store_kv) and attend: [T, H*D]."""
+    if not meta.is_prefill:
+        return ops.decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale)
+    heads = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, -1)
+    q, k, v = heads.split((num_heads, num_kv_heads, num_kv_heads), dim=1)
+    return prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale)

@@ -3,7 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rosefast.models.layers import apply_rope, paged_attention
+from rosefast.models import kernels
+from rosefast.models.layers import attention
 
 
 class LlamaLayer(nn.Module):
@@ -18,18 +19,16 @@ class LlamaLayer(nn.Module):
         self.down = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.scale = args.head_dim ** -0.5
 
-    def forward(self, x, cos, sin, meta, k_cache, v_cache):
+    def forward(self, x, residual, cos, sin, meta, k_cache, v_cache, ops):
+        """x: the residual stream [T, hidden], updated in place; residual: the previous layer's MLP output
+        (added here, fused with the norm). Returns (x, this layer's MLP output)."""
         a = self.args
-        h = F.rms_norm(x, (a.hidden_size,), self.input_norm, a.norm_eps)
-        qkv = self.qkv(h).view(-1, a.num_heads + 2 * a.num_kv_heads, a.head_dim)    # [T, H+2Hkv, D]
-        qk = apply_rope(qkv[:, :a.num_heads + a.num_kv_heads], cos, sin)              # q and k in one pass
-        q, k = qk[:, :a.num_heads], qk[:, a.num_heads:]
-        v = qkv[:, a.num_heads + a.num_kv_heads:]
-        attn = paged_attention(q, k, v, k_cache, v_cache, meta, a.num_kv_heads, self.scale)
-        x = x + self.o(attn)
-        h = F.rms_norm(x, (a.hidden_size,), self.post_norm, a.norm_eps)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        h = ops.rms_norm(x, self.input_norm, a.norm_eps, residual)
+        qkv = self.qkv(h)                                                              # [T, (H+2Hkv)*D]
+        ops.store_kv(qkv, a.num_heads, a.num_kv_heads, meta.slot_mapping, k_cache, v_cache, cos, sin)
+        attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops)
+        h = ops.rms_norm(x, self.post_norm, a.norm_eps, self.o(attn))
+        return x, self.down(ops.silu_mul(self.gate_up(h)))
 
 
 class LlamaModel(nn.Module):
@@ -45,14 +44,15 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, meta, kv_caches):
         """input_ids, positions: [T] -> hidden states [T, hidden] (before the final norm)."""
         x = self.embed(input_ids)
-        cos = self.rope_cos[positions].unsqueeze(1)     # [T, 1, D]
-        sin = self.rope_sin[positions].unsqueeze(1)
+        ops = kernels.for_tensor(x)
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]     # [T, D] each
+        residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, meta, k_cache, v_cache)
-        return x
+            x, residual = layer(x, residual, cos, sin, meta, k_cache, v_cache, ops)
+        return x.add_(residual)
 
     def logits(self, hidden):
-        h = F.rms_norm(hidden, (self.args.hidden_size,), self.norm, self.args.norm_eps)
+        h = kernels.for_tensor(hidden).rms_norm(hidden, self.norm, self.args.norm_eps)
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(h, weight)
 

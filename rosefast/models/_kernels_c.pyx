@@ -1,0 +1,143 @@
+# cython: language_level=3, wraparound=True
+"""A layer's small ops as C kernels (csrc/decode_kernels.h), fp32 and bf16 CPU tensors; twin: _kernels_py.
+
+Each call checks its tensors (dtype, contiguity), takes their data pointers and runs with the GIL
+released. Same signatures and results (to rounding) as the torch twin.
+"""
+from libc.stdint cimport int64_t, uint16_t, uintptr_t
+
+import torch
+
+from rosefast.models._kernels_py import decode_shapes
+
+cdef extern from "decode_kernels.h" nogil:
+    void rf_rms_norm_f32(float *x, const float *y, const float *w, float *out, int64_t rows, int64_t n, float eps)
+    void rf_rms_norm_bf16(uint16_t *x, const uint16_t *y, const uint16_t *w, uint16_t *out, int64_t rows,
+                          int64_t n, float eps)
+    void rf_store_kv_f32(float *qkv, int64_t tokens, int nh, int nkv, int D, const int64_t *slots,
+                         const float *cos, const float *sin, float *kpool, float *vpool, int64_t pool_slots)
+    void rf_store_kv_bf16(uint16_t *qkv, int64_t tokens, int nh, int nkv, int D, const int64_t *slots,
+                          const uint16_t *cos, const uint16_t *sin, uint16_t *kpool, uint16_t *vpool,
+                          int64_t pool_slots)
+    int rf_decode_attention_f32(const float *qkv, int64_t B, int nh, int nkv, int D, const float *kpool,
+                                const float *vpool, int64_t pool_slots, int block_size,
+                                const int64_t *block_tables, int64_t width, const int64_t *context_lens,
+                                float scale, float *out)
+    int rf_decode_attention_bf16(const uint16_t *qkv, int64_t B, int nh, int nkv, int D, const uint16_t *kpool,
+                                 const uint16_t *vpool, int64_t pool_slots, int block_size,
+                                 const int64_t *block_tables, int64_t width, const int64_t *context_lens,
+                                 float scale, uint16_t *out)
+    void rf_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)
+    void rf_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t n)
+
+cdef object F32 = torch.float32
+cdef object BF16 = torch.bfloat16
+cdef object I64 = torch.int64
+
+
+cdef inline uintptr_t _ptr(t, dtype, str name) except 0:
+    if t.dtype is not dtype or not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError(f"{name}: expected a contiguous CPU {dtype} tensor, got {t.dtype} {tuple(t.shape)} "
+                         f"on {t.device}")
+    if t.numel() == 0:
+        raise ValueError(f"{name}: empty tensor")
+    return <uintptr_t>t.data_ptr()
+
+
+cdef inline bint _is_bf16(t) except -1:
+    if t.dtype is BF16:
+        return True
+    if t.dtype is F32:
+        return False
+    raise ValueError(f"compiled kernels take float32 or bfloat16 tensors, got {t.dtype}")
+
+
+def rms_norm(x, weight, float eps, residual=None):
+    """RMSNorm of x's rows times weight -> a new tensor; with residual, x += residual (in place) first."""
+    cdef bint bf16 = _is_bf16(x)
+    dt = x.dtype
+    cdef int64_t n = x.shape[-1]
+    cdef int64_t rows = x.numel() // n
+    if weight.numel() != n or (residual is not None and residual.shape != x.shape):
+        raise ValueError(f"rms_norm: shapes x {tuple(x.shape)}, weight {tuple(weight.shape)} do not match")
+    out = torch.empty_like(x)
+    cdef uintptr_t px = _ptr(x, dt, "x"), pw = _ptr(weight, dt, "weight"), po = _ptr(out, dt, "out")
+    cdef uintptr_t py = 0 if residual is None else _ptr(residual, dt, "residual")
+    with nogil:
+        if bf16:
+            rf_rms_norm_bf16(<uint16_t *>px, <uint16_t *>py, <uint16_t *>pw, <uint16_t *>po, rows, n, eps)
+        else:
+            rf_rms_norm_f32(<float *>px, <float *>py, <float *>pw, <float *>po, rows, n, eps)
+    return out
+
+
+def store_kv(qkv, int num_heads, int num_kv_heads, slots, k_cache, v_cache, cos=None, sin=None):
+    """qkv [T, (H + 2 Hkv) * D]: RoPE q and k in place (cos/sin: [T, D] rows per token, or None), then
+    write k and v into the layer's pools [Hkv, blocks, block_size, D] at slots [T]."""
+    cdef bint bf16 = _is_bf16(qkv)
+    dt = qkv.dtype
+    cdef int64_t tokens = qkv.shape[0]
+    cdef int D = k_cache.shape[-1]
+    cdef int64_t pool_slots = k_cache.shape[1] * k_cache.shape[2]
+    if qkv.numel() != tokens * (num_heads + 2 * num_kv_heads) * D or k_cache.shape[0] != num_kv_heads:
+        raise ValueError(f"store_kv: qkv {tuple(qkv.shape)} does not fit {num_heads} + 2 x {num_kv_heads} heads "
+                         f"of {D} / pools {tuple(k_cache.shape)}")
+    if slots.numel() != tokens or k_cache.shape != v_cache.shape:
+        raise ValueError(f"store_kv: {slots.numel()} slots for {tokens} tokens")
+    if cos is not None and (cos.shape != (tokens, D) or sin.shape != (tokens, D)):
+        raise ValueError(f"store_kv: cos/sin must be [{tokens}, {D}], got {tuple(cos.shape)}")
+    cdef uintptr_t pq = _ptr(qkv, dt, "qkv"), ps = _ptr(slots, I64, "slots")
+    cdef uintptr_t pk = _ptr(k_cache, dt, "k_cache"), pv = _ptr(v_cache, dt, "v_cache")
+    cdef uintptr_t pc = 0 if cos is None else _ptr(cos, dt, "cos")
+    cdef uintptr_t pn = 0 if cos is None else _ptr(sin, dt, "sin")
+    with nogil:
+        if bf16:
+            rf_store_kv_bf16(<uint16_t *>pq, tokens, num_heads, num_kv_heads, D, <int64_t *>ps, <uint16_t *>pc,
+                             <uint16_t *>pn, <uint16_t *>pk, <uint16_t *>pv, pool_slots)
+        else:
+            rf_store_kv_f32(<float *>pq, tokens, num_heads, num_kv_heads, D, <int64_t *>ps, <float *>pc,
+                            <float *>pn, <float *>pk, <float *>pv, pool_slots)
+
+
+def decode_attention(qkv, int num_heads, int num_kv_heads, k_cache, v_cache, meta, float scale):
+    """Each sequence's one query (the q of its qkv row) over its context, read from the pools in place
+    through meta.block_tables [B, width] and meta.context_lens [B] -> [B, H * D]."""
+    cdef bint bf16 = _is_bf16(qkv)
+    dt = qkv.dtype
+    cdef int64_t B, width
+    cdef int D, block_size
+    cdef int64_t pool_slots
+    B, width, D, block_size, pool_slots = decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta)
+    out = torch.empty((B, num_heads * D), dtype=dt)
+    cdef uintptr_t pq = _ptr(qkv, dt, "qkv"), pk = _ptr(k_cache, dt, "k_cache"), pv = _ptr(v_cache, dt, "v_cache")
+    cdef uintptr_t pt = _ptr(meta.block_tables, I64, "block_tables"), po = _ptr(out, dt, "out")
+    cdef uintptr_t pl = _ptr(meta.context_lens, I64, "context_lens")
+    cdef int rc
+    with nogil:
+        if bf16:
+            rc = rf_decode_attention_bf16(<uint16_t *>pq, B, num_heads, num_kv_heads, D, <uint16_t *>pk,
+                                          <uint16_t *>pv, pool_slots, block_size, <int64_t *>pt, width,
+                                          <int64_t *>pl, scale, <uint16_t *>po)
+        else:
+            rc = rf_decode_attention_f32(<float *>pq, B, num_heads, num_kv_heads, D, <float *>pk, <float *>pv,
+                                         pool_slots, block_size, <int64_t *>pt, width, <int64_t *>pl, scale,
+                                         <float *>po)
+    if rc != 0:
+        raise MemoryError("decode_attention: no memory for the attention work buffers")
+    return out
+
+
+def silu_mul(gate_up):
+    """gate_up [T, 2 * I] (gate | up) -> silu(gate) * up, [T, I]."""
+    cdef bint bf16 = _is_bf16(gate_up)
+    dt = gate_up.dtype
+    cdef int64_t n = gate_up.shape[-1] // 2
+    cdef int64_t rows = gate_up.numel() // (2 * n)
+    out = torch.empty((*gate_up.shape[:-1], n), dtype=dt)
+    cdef uintptr_t pg = _ptr(gate_up, dt, "gate_up"), po = _ptr(out, dt, "out")
+    with nogil:
+        if bf16:
+            rf_silu_mul_bf16(<uint16_t *>pg, <uint16_t *>po, rows, n)
+        else:
+            rf_silu_mul_f32(<float *>pg, <float *>po, rows, n)
+    return out

@@ -1,0 +1,89 @@
+"""A layer's small ops in torch: the reference twin of _kernels_c, and the path on CUDA and other dtypes.
+
+    h = rms_norm(x, weight, eps, residual)          # x += residual (in place) first, when given
+    store_kv(qkv, H, Hkv, slots, k_cache, v_cache, cos, sin)   # RoPE q, k in place; k, v into the pools
+    out = decode_attention(qkv, H, Hkv, k_cache, v_cache, meta, scale)
+    act = silu_mul(gate_up)
+
+Pools are one layer's [Hkv, blocks, block_size, D] (head-major, see rosefast.engine.kv_cache).
+"""
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x, weight, eps, residual=None):
+    if residual is not None:
+        x.add_(residual)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def apply_rope(x, cos, sin):
+    """x: [T, heads, D]; cos/sin: [T, 1, D] for each token's position (halves repeated, HF's layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def store_kv(qkv, num_heads, num_kv_heads, slots, k_cache, v_cache, cos=None, sin=None):
+    D = k_cache.shape[-1]
+    heads = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, D)
+    if cos is not None:
+        qk = heads[:, :num_heads + num_kv_heads]
+        qk.copy_(apply_rope(qk, cos[:, None], sin[:, None]))
+    k = heads[:, num_heads:num_heads + num_kv_heads].transpose(0, 1)
+    v = heads[:, num_heads + num_kv_heads:].transpose(0, 1)
+    k_cache.view(num_kv_heads, -1, D).index_copy_(1, slots, k)
+    v_cache.view(num_kv_heads, -1, D).index_copy_(1, slots, v)
+
+
+def decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta):
+    """(B, table width, head_dim, block_size, slots per head) of a decode call, checked."""
+    B = qkv.shape[0]
+    hkv, blocks, block_size, D = k_cache.shape
+    width = meta.block_tables.shape[1]
+    if qkv.numel() != B * (num_heads + 2 * num_kv_heads) * D or hkv != num_kv_heads or num_heads % hkv:
+        raise ValueError(f"decode_attention: qkv {tuple(qkv.shape)} does not fit {num_heads} + 2 x "
+                         f"{num_kv_heads} heads / pools {tuple(k_cache.shape)}")
+    if meta.block_tables.shape[0] != B or tuple(meta.context_lens.shape) != (B,):
+        raise ValueError(f"decode_attention: block_tables {tuple(meta.block_tables.shape)} and context_lens "
+                         f"{tuple(meta.context_lens.shape)} must have one row per sequence ({B})")
+    return B, width, D, block_size, blocks * block_size
+
+
+def _gather_plan(meta, num_kv_heads, k_cache):
+    """The additive mask [Hkv*B, 1, L] and the pool rows to gather, built once per step (all layers share)."""
+    if meta.decode_mask is None:
+        tables, dev = meta.block_tables, k_cache.device
+        span = tables.shape[1] * k_cache.shape[2]
+        visible = torch.arange(span, device=dev)[None, :] < meta.context_lens[:, None]       # [B, L]
+        mask = torch.zeros(visible.shape, dtype=k_cache.dtype, device=dev).masked_fill_(~visible, float("-inf"))
+        heads = torch.arange(num_kv_heads, device=dev)[:, None] * k_cache.shape[1]
+        meta.decode_mask = mask.repeat(num_kv_heads, 1)[:, None, :]
+        meta.gather_index = (heads + tables.reshape(1, -1)).reshape(-1)
+    return meta.decode_mask, meta.gather_index
+
+
+def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale):
+    """Gather each (head, sequence) context from the pools, then GQA groups of queries as matmul rows."""
+    B, width, D, block_size, _ = decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta)
+    mask, index = _gather_plan(meta, num_kv_heads, k_cache)
+    n = index.numel()                                                                    # Hkv * B * width
+    k_ctx, v_ctx = k_cache.workspace.gather_buffers(n // num_kv_heads)
+    # dim-0 gathers of whole (head, block) rows: the fast contiguous-copy path
+    torch.index_select(k_cache.view(-1, block_size * D), 0, index, out=k_ctx.view(n, -1))
+    torch.index_select(v_cache.view(-1, block_size * D), 0, index, out=v_ctx.view(n, -1))
+    L = width * block_size
+    k_ctx = k_ctx.view(num_kv_heads * B, L, D)
+    v_ctx = v_ctx.view(num_kv_heads * B, L, D)
+    G = num_heads // num_kv_heads
+    q = qkv.view(B, -1, D)[:, :num_heads]
+    qg = q.reshape(B, num_kv_heads, G, D).transpose(0, 1).reshape(num_kv_heads * B, G, D)  # [Hkv*B, G, D]
+    scores = torch.baddbmm(mask, qg, k_ctx.transpose(1, 2), alpha=scale)                  # [Hkv*B, G, L]
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.bmm(probs, v_ctx).view(num_kv_heads, B, G, D)
+    return out.transpose(0, 1).reshape(B, num_heads * D)
+
+
+def silu_mul(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
