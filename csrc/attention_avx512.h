@@ -23,13 +23,43 @@ RF_AVX512 static inline __m512 rf_load16_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-/* scores[g][t] = q_g . k_t for GG (compile-time, <= 4) heads starting at q (already scaled, fp32) */
+/* the four horizontal sums of a, b, c, d as one 4-lane vector */
+RF_AVX512 static inline __m128 rf_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));   /* per 128-bit lane */
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd), _mm512_extractf32x8_ps(abcd, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+/* scores[g][t] = q_g . k_t for GG (compile-time, <= 4) heads starting at q (already scaled, fp32);
+ * four tokens at a time, so one horizontal reduction serves four dot products */
 #define RF_AVX512_SCORES(S, T, GG)                                                                       \
 RF_AVX512 static inline __attribute__((always_inline)) void rf_scores##GG##_##S(                         \
         const float *q, int nd, const T *kpool, const int64_t *table, int64_t L, int block_size,        \
         float *scores, int64_t score_stride) {                                                          \
     int D = nd * 16;                                                                                     \
-    for (int64_t t = 0; t < L; t++) {                                                                    \
+    int64_t t = 0;                                                                                       \
+    for (; t + 4 <= L; t += 4) {                                                                         \
+        const T *k[4];                                                                                   \
+        for (int i = 0; i < 4; i++)                                                                      \
+            k[i] = kpool + (table[(t + i) / block_size] * block_size + (t + i) % block_size) * D;        \
+        __m512 acc[GG][4];                                                                               \
+        for (int g = 0; g < GG; g++)                                                                     \
+            for (int i = 0; i < 4; i++) acc[g][i] = _mm512_setzero_ps();                                 \
+        for (int j = 0; j < nd; j++) {                                                                   \
+            __m512 kj[4];                                                                                \
+            for (int i = 0; i < 4; i++) kj[i] = rf_load16_##S(k[i] + 16 * j);                            \
+            for (int g = 0; g < GG; g++) {                                                               \
+                __m512 qj = _mm512_loadu_ps(q + g * D + 16 * j);                                         \
+                for (int i = 0; i < 4; i++) acc[g][i] = _mm512_fmadd_ps(qj, kj[i], acc[g][i]);           \
+            }                                                                                            \
+        }                                                                                                \
+        for (int g = 0; g < GG; g++)                                                                     \
+            _mm_storeu_ps(scores + g * score_stride + t, rf_hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3])); \
+    }                                                                                                    \
+    for (; t < L; t++) {                                                                                 \
         const T *k = kpool + (table[t / block_size] * block_size + t % block_size) * D;                  \
         __m512 acc[GG];                                                                                  \
         for (int g = 0; g < GG; g++) acc[g] = _mm512_setzero_ps();                                       \

@@ -36,7 +36,7 @@ cdef object I64 = torch.int64
 
 
 cdef inline uintptr_t _ptr(t, dtype, str name) except 0:
-    if t.dtype is not dtype or not t.is_contiguous() or t.device.type != "cpu":
+    if t.dtype is not dtype or not t.is_cpu or not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous CPU {dtype} tensor, got {t.dtype} {tuple(t.shape)} "
                          f"on {t.device}")
     if t.numel() == 0:
