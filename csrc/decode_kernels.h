@@ -35,9 +35,9 @@ static inline float rf_bf16_load(uint16_t h) {
 static inline uint16_t rf_bf16_round(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quiet_nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);   /* a select: vectorizes */
 }
 
 /* exp(x) for x <= 88, branch-free so loops over it vectorize: 2^n * e^r, |r| <= ln2/2, a degree-6
