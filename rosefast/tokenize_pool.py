@@ -11,12 +11,25 @@ MAX_BATCH = 32
 _STOP = object()
 
 
+def batch_encoder(tokenizer):
+    """prompts -> lists of ids. A Hugging Face fast tokenizer is called through its Rust backend, which
+    encodes with the GIL released (no Python per prompt that a submitting thread would wait behind);
+    anything else — a wrapper, a slow tokenizer — through its own __call__. Same ids either way."""
+    from transformers import PreTrainedTokenizerFast
+
+    if isinstance(tokenizer, PreTrainedTokenizerFast):
+        backend = tokenizer.backend_tokenizer
+        return lambda prompts: [e.ids for e in backend.encode_batch(prompts, add_special_tokens=True)]
+    return lambda prompts: tokenizer(prompts, add_special_tokens=True)["input_ids"]
+
+
 class TokenizePool:
     """`submit(request_id, prompt)`; `on_done(request_id, ids, t_done)` / `on_error(request_id, exc)` are
     called from a worker thread."""
 
     def __init__(self, tokenizer, workers, on_done, on_error):
         self._tokenizer = tokenizer
+        self._encode_batch = batch_encoder(tokenizer)
         self._queue = _queue.SimpleQueue()     # native: a greenlet's put wakes a native worker
         self._on_done, self._on_error = on_done, on_error
         self._exited = []
@@ -51,7 +64,7 @@ class TokenizePool:
 
     def _encode(self, batch):
         try:
-            encoded = self._tokenizer([p for _, p in batch], add_special_tokens=True)["input_ids"]
+            encoded = self._encode_batch([p for _, p in batch])
         except Exception:  # noqa: BLE001 - find the culprit one by one, fail only it
             encoded = None
         now = time.perf_counter()

@@ -78,6 +78,18 @@ def test_add_request_returns_before_encode_with_workers(tiny_llama):
         m.close()
 
 
+def test_workers_encode_through_the_rust_backend_with_the_same_ids(tiny_llama):
+    from rosefast.tokenize_pool import batch_encoder
+
+    tok = load_tokenizer(tiny_llama)
+    prompts = ["hello " * 256, "Héllo 世界 🙂 <|im_start|>user\nhi<|im_end|>", " leading space", "a\n\nb\tc"]
+    assert batch_encoder(tok)(prompts) == [tok(p)["input_ids"] for p in prompts]
+    gated = GatedTokenizer(tok)
+    gated.gate.set()
+    assert batch_encoder(gated)(prompts) == [tok(p)["input_ids"] for p in prompts]
+    assert gated.calls == 1   # a wrapper is honoured: its __call__ runs, not the backend behind it
+
+
 def test_inflight_limit_refuses_then_accepts_again(tiny_llama):
     m = make_manager(tiny_llama, max_inflight_requests=1)
     try:
