@@ -145,6 +145,10 @@ def test_bad_tensors_are_refused_with_the_reason(compiled):
         compiled.decode_attention(qkv, 9, 3, kc, vc, meta, 0.125)
     with pytest.raises(ValueError, match="does not fit"):
         compiled.store_kv(qkv, 9, 2, torch.tensor([0, 1]), kc, vc)
+    with pytest.raises(ValueError, match="differ"):
+        compiled.store_kv(qkv, 9, 3, torch.tensor([0, 1]), kc, vc[:, :-1].contiguous())
+    with pytest.raises(ValueError, match="2 slots for 3 tokens"):
+        compiled.store_kv(torch.cat([qkv, qkv[:1]]), 9, 3, torch.tensor([0, 1]), kc, vc)
 
 
 def test_flavour_follows_device_and_dtype(compiled):

@@ -82,8 +82,10 @@ def store_kv(qkv, int num_heads, int num_kv_heads, slots, k_cache, v_cache, cos=
     if qkv.numel() != tokens * (num_heads + 2 * num_kv_heads) * D or k_cache.shape[0] != num_kv_heads:
         raise ValueError(f"store_kv: qkv {tuple(qkv.shape)} does not fit {num_heads} + 2 x {num_kv_heads} heads "
                          f"of {D} / pools {tuple(k_cache.shape)}")
-    if slots.numel() != tokens or k_cache.shape != v_cache.shape:
+    if slots.numel() != tokens:
         raise ValueError(f"store_kv: {slots.numel()} slots for {tokens} tokens")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"store_kv: K pool {tuple(k_cache.shape)} and V pool {tuple(v_cache.shape)} differ")
     if cos is not None and (cos.shape != (tokens, D) or sin.shape != (tokens, D)):
         raise ValueError(f"store_kv: cos/sin must be [{tokens}, {D}], got {tuple(cos.shape)}")
     cdef uintptr_t pq = _ptr(qkv, dt, "qkv"), ps = _ptr(slots, I64, "slots")

@@ -18,7 +18,7 @@ _COMPILED_DTYPES = (torch.float32, torch.bfloat16)
 
 def for_tensor(x):
     """The flavour that runs on x's device and dtype."""
-    if _impl is not reference and x.device.type == "cpu" and x.dtype in _COMPILED_DTYPES:
+    if _impl is not reference and x.is_cpu and x.dtype in _COMPILED_DTYPES:
         return _impl
     return reference
 

@@ -83,7 +83,8 @@ def prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):
 
 
 def attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, ops):
-    """Store this call's K/V (RoPE already applied by the caller's store_kv) and attend: [T, H*D]."""
+    """Attend over the pools, this call's K/V already in them (the caller's store_kv) -> [T, H*D]: the
+    flavour's decode kernel, or the packed prefill on q, k, v views of the (rotated) qkv rows."""
     if not meta.is_prefill:
         return ops.decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale)
     heads = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, -1)
