@@ -50,6 +50,9 @@ def _extensions():
             "initializedcheck": False,
             "cdivision": True,
             "binding": False,  # plain builtin methods: vectorcall, no CyFunction call overhead per token
+            # one-argument methods as METH_O, no-argument ones as METH_NOARGS (list.append's calling
+            # convention): no keyword parsing per merge; the pure twins take those arguments positional-only
+            "always_allow_keywords": False,
         },
     )
 

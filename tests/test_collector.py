@@ -182,3 +182,11 @@ def test_error_arrives_after_the_chunks_before_it(mod):
     assert empty.put_error(ValueError("x")) is True and empty.ready
     with pytest.raises(TypeError, match="needs an exception"):
         empty.put_error("not an exception")
+
+
+def test_one_argument_methods_are_positional_only_in_both_flavours(mod):
+    """The compiled methods use list.append's calling convention (METH_O / METH_NOARGS); the twin matches."""
+    c = mod.StreamOutputCollector()
+    with pytest.raises(TypeError):
+        c.put_nowait(chunk=mod.StreamChunk([1], "a", False, None))
+    assert c.get_nowait() is None and c.merges == 0

@@ -83,11 +83,11 @@ class StreamOutputCollector:
         self.merges += 1
         return False
 
-    def put_nowait(self, chunk):
+    def put_nowait(self, chunk, /):
         """Store or merge `chunk` (any object with the four fields); True when it became ready."""
         return self.put(*chunk_fields(chunk))
 
-    def put_error(self, exc):
+    def put_error(self, exc, /):
         """Fail the stream: the consumer gets `exc` raised after the chunk already waiting."""
         if not isinstance(exc, BaseException):
             raise TypeError(f"put_error needs an exception, not {type(exc).__name__}")

@@ -32,16 +32,16 @@ class FanOut:
         self._collectors = {}
         self.dropped = 0
 
-    def register(self, request_id):
+    def register(self, request_id, /):
         check_new(self._collectors, request_id)
         collector = self._collectors[request_id] = self.collector_type()
         return collector
 
-    def unregister(self, request_id):
+    def unregister(self, request_id, /):
         """Forget a request (finished or aborted); its collector, or None if it was not registered."""
         return self._collectors.pop(request_id, None)
 
-    def get(self, request_id):
+    def get(self, request_id, /):
         return self._collectors.get(request_id)
 
     def __contains__(self, request_id):
