@@ -11,12 +11,13 @@ def test_decode_step_prints_ours_floor_and_hf(tiny_llama, capsys):
 
 def test_throughput_runs_every_level(tiny_llama, capsys):
     throughput.main(["--model", str(tiny_llama.path), "--new-tokens", "4", "--concurrency", "1,2",
-                     "--hf-solo-requests", "1"])
+                     "--hf-solo-requests", "1", "--repeats", "1"])
     out = capsys.readouterr().out
     assert "| 1 |" in out and "| 2 |" in out
 
 
 def test_add_request_compares_worker_settings(tiny_llama):
     rows = add_request.main(["--model", str(tiny_llama.path), "--workers", "0,1", "--requests", "5",
-                             "--interval-ms", "1", "--prompt-repeats", "8"])
-    assert [r[0] for r in rows] == [0, 1] and all(0 < r[1] <= r[4] for r in rows)
+                             "--intervals-ms", "0,1", "--prompt-repeats", "8"])
+    assert [(r[0], r[1]) for r in rows] == [(0, "control"), (0, 0), (0, 1), (1, "control"), (1, 0), (1, 1)]
+    assert all(0 < r[2] <= r[5] for r in rows)
