@@ -3,7 +3,10 @@
     python -m benches.decode_step                       # SmolLM2, fp32 and bf16, batch 1/8/32, context 128/512
 
 The floor is the step's linear layers alone (per layer fused qkv, o, gate|up, down; then lm_head)
-at the same batch and dtype, with our model's own weights: no attention, norms, RoPE or dispatch.
+at the same batch and dtype: no attention, norms, RoPE or dispatch. Two floors: *F.linear* runs
+torch's plain linear on weights of the model's shapes (the matmul cost as torch gives it), *ours* runs
+our model's own linears the way the model runs them (on CPU bf16, weights packed once for oneDNN,
+rosefast.models.packed), so ours/our-linears is what attention, norms, RoPE and dispatch add.
 Each figure is the median of --steps steps after warm-up; all in one run, so ratios compare.
 """
 import argparse
@@ -29,23 +32,39 @@ def timed(fn, steps, warmup=3):
     return statistics.median(times) * 1e3
 
 
-def floor_step(model, batch, dtype):
-    """The linear layers of one decode step, with the model's own (fused) weights."""
-    layers = [(l.qkv.weight, l.o.weight, l.gate_up.weight, l.down.weight) for l in model.layers]
-    head = model.embed.weight if model.lm_head is None else model.lm_head.weight
-    hidden = head.shape[1]
-    x = torch.randn(batch, hidden, dtype=dtype)
-    attn_in = torch.randn(batch, layers[0][1].shape[1], dtype=dtype)
-    act = torch.randn(batch, layers[0][3].shape[1], dtype=dtype)
+def plain_linears(model, dtype):
+    """F.linear on weights of the model's linear shapes (the values do not change the time): the floor as
+    torch's own matmul gives it, for the model's (qkv, o, gate_up, down) x layers and its lm_head."""
+    def linear(out_features, in_features):
+        w = torch.empty(out_features, in_features, dtype=dtype).normal_(std=0.02)
+        return lambda x: F.linear(x, w)
+    first = model.layers[0]
+    layers = [tuple(linear(m.out_features, m.in_features) for m in (first.qkv, first.o, first.gate_up, first.down))
+              for _ in model.layers]
+    return layers, linear(model.args.vocab_size, model.args.hidden_size)
+
+
+def model_linears(model):
+    """The model's own linears, run the way the model runs them (packed on CPU bf16), and its lm_head."""
+    return [(l.qkv.forward, l.o.forward, l.gate_up.forward, l.down.forward) for l in model.layers], model.head
+
+
+def floor_step(model, batch, dtype, linears=None):
+    """The linear layers of one decode step (default: the model's own, see model_linears)."""
+    layers, head = linears or model_linears(model)
+    first = model.layers[0]
+    x = torch.randn(batch, first.o.out_features, dtype=dtype)
+    attn_in = torch.randn(batch, first.o.in_features, dtype=dtype)
+    act = torch.randn(batch, first.down.in_features, dtype=dtype)
 
     @torch.inference_mode()
     def run():
         for qkv, o, gate_up, down in layers:
-            F.linear(x, qkv)
-            F.linear(attn_in, o)
-            F.linear(x, gate_up)
-            F.linear(act, down)
-        F.linear(x, head)
+            qkv(x)
+            o(attn_in)
+            gate_up(x)
+            down(act)
+        head(x)
     return run
 
 
@@ -91,22 +110,25 @@ def main(argv=None):
     contexts = [int(c) for c in a.contexts.split(",")]
     rows = []
     print(f"model {resolved.name}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("| dtype | batch | context | floor ms | ours ms | ours/floor | HF ms | HF/ours |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| dtype | batch | context | F.linear floor ms | our linears ms | ours ms | ours/F.linear floor "
+          "| ours/our linears | HF ms | HF/ours |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for dtype_name in a.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         tokens = max(batches) * (-(-(max(contexts) + 1) // 16)) * 16
         runner = ModelRunner(EngineConfig(model=resolved, dtype=dtype_name, kv_cache_tokens=tokens, device="cpu"))
         hf = None if a.no_hf else load_hf_model(resolved, dtype=dtype)
+        plain = plain_linears(runner.model, dtype)
         for batch in batches:
-            floor = timed(floor_step(runner.model, batch, dtype), a.steps)
+            floor = timed(floor_step(runner.model, batch, dtype, plain), a.steps)
+            mine = timed(floor_step(runner.model, batch, dtype), a.steps)
             for ctx in contexts:
                 ours = timed(ours_step(runner, batch, ctx), a.steps)
                 theirs = timed(hf_step(hf, batch, ctx, dtype), a.steps) if hf is not None else float("nan")
-                rows.append((dtype_name, batch, ctx, floor, ours, theirs))
-                print(f"| {dtype_name} | {batch} | {ctx} | {floor:.1f} | {ours:.1f} | {ours / floor:.2f}x | "
-                      f"{theirs:.1f} | {theirs / ours:.2f}x |", flush=True)
-        del runner, hf
+                rows.append((dtype_name, batch, ctx, floor, ours, theirs, mine))
+                print(f"| {dtype_name} | {batch} | {ctx} | {floor:.1f} | {mine:.1f} | {ours:.1f} | {ours / floor:.2f}x | "
+                      f"{ours / mine:.2f}x | {theirs:.1f} | {theirs / ours:.2f}x |", flush=True)
+        del runner, hf, plain
     return rows
 
 

@@ -32,7 +32,7 @@ def run_ours(runner, prompts, steps, next_tokens=None, shuffle_seed=None):
     for t, p in zip(tables, prompts):
         pool.grow(t, len(p), bs)
     seqs = [SeqInput(list(p), 0, t) for p, t in zip(prompts, tables)]
-    logits = runner.forward(seqs, True, all_logits=True)
+    logits = runner.forward(seqs, True, all_logits=True).float()
     out, start = [], 0
     for p in prompts:
         out.append([logits[start:start + len(p)]])
@@ -44,7 +44,7 @@ def run_ours(runner, prompts, steps, next_tokens=None, shuffle_seed=None):
             seq_tokens.append(nxt)
             pool.grow(tables[i], len(seq_tokens), bs)
         seqs = [SeqInput([t[-1]], len(t) - 1, tb) for t, tb in zip(tokens, tables)]
-        step_logits = runner.forward(seqs, False)
+        step_logits = runner.forward(seqs, False).float()
         for i in range(len(prompts)):
             out[i].append(step_logits[i:i + 1])
     return out

@@ -12,6 +12,7 @@ from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampling import Sampler
 from rosefast.models.layers import AttentionMetadata, rope_cache
 from rosefast.models.loader import load_model
+from rosefast.models.packed import pack_linears
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         with torch.inference_mode():
             self.model, self.args = load_model(model or config.model, self.dtype, self.device)
+            pack_linears(self.model, batch_hint=config.max_batch_size)
         self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
                                  self.args.max_position_embeddings)
         self.block_size = config.block_size
@@ -88,7 +90,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, seqs, is_prefill, all_logits=False):
-        """Logits [B, V] for each sequence's last new token (all new tokens' [T, V] with all_logits)."""
+        """Logits [B, V] for each sequence's last new token (all new tokens' [T, V] with all_logits), in the
+        model's dtype: greedy rows take their argmax there (the same index as in fp32); the sampler widens
+        only the rows it samples."""
         if is_prefill:
             input_ids, positions, meta = self.prepare_prefill(seqs)
             hidden = self.model(input_ids, positions, meta, self.kv.layers)
@@ -100,4 +104,4 @@ class ModelRunner:
         else:
             width = max(len(s.block_table) for s in seqs)
             hidden = self.decode_forward(*self.decode_tensors(seqs, width))
-        return self.model.logits(hidden).float()
+        return self.model.logits(hidden)

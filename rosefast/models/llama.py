@@ -23,14 +23,14 @@ class LlamaLayer(nn.Module):
         """x: the residual stream [T, hidden], updated in place; residual: the previous layer's MLP output
         (added here, fused with the norm). Returns (x, this layer's MLP output)."""
         a = self.args
-        # F.linear on the weights, not the modules' __call__: ~30 layers x 4 calls per step of hook plumbing
-        qkv, o, gate_up, down = self.qkv, self.o, self.gate_up, self.down
+        # the linears' forward, not their __call__: ~30 layers x 4 calls per step of hook plumbing saved
+        # (nn.Linear, or a PackedLinear on CPU bf16)
         h = ops.rms_norm(x, self.input_norm, a.norm_eps, residual)
-        qkv = F.linear(h, qkv.weight, qkv.bias)                                        # [T, (H+2Hkv)*D]
+        qkv = self.qkv.forward(h)                                                      # [T, (H+2Hkv)*D]
         ops.store_kv(qkv, a.num_heads, a.num_kv_heads, meta.slot_mapping, k_cache, v_cache, cos, sin)
         attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops)
-        h = ops.rms_norm(x, self.post_norm, a.norm_eps, F.linear(attn, o.weight, o.bias))
-        return x, F.linear(ops.silu_mul(F.linear(h, gate_up.weight, gate_up.bias)), down.weight, down.bias)
+        h = ops.rms_norm(x, self.post_norm, a.norm_eps, self.o.forward(attn))
+        return x, self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
 
 
 class LlamaModel(nn.Module):
@@ -55,8 +55,11 @@ class LlamaModel(nn.Module):
 
     def logits(self, hidden):
         h = kernels.for_tensor(hidden).rms_norm(hidden, self.norm, self.args.norm_eps)
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h, weight)
+        return self.head(h)
+
+    def head(self, h):
+        """The lm_head alone: hidden [N, hidden] -> logits [N, vocab] (tied: the embedding's weight)."""
+        return F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head.forward(h)
 
 
 def llama_state_dict(hf, args):
