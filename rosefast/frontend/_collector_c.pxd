@@ -12,6 +12,10 @@ cdef class StreamChunk:
     cdef public object finish_reason
 
 
+cimport cython
+
+
+@cython.final   # cdef methods called directly (no vtable), so the C compiler can inline the merge
 cdef class StreamOutputCollector:
     cdef rf_ptrvec _ids        # owned references to the waiting chunk's token id objects
     cdef rf_ptrvec _pieces     # owned references to its non-empty text pieces
@@ -24,5 +28,6 @@ cdef class StreamOutputCollector:
     cdef readonly Py_ssize_t merges
 
     cdef int _put(self, object token_ids, object text, bint finished, object finish_reason) except -1
+    cdef int _put_other(self, object token_ids, object text, bint finished, object finish_reason) except -1
     cpdef object get_nowait(self)
     cdef object _take_text(self)

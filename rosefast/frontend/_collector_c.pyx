@@ -5,9 +5,8 @@ The waiting chunk is held as two C arrays of owned references (token id objects,
 a merge is a type check and a few pointer stores; the list and the string are built once, at take.
 Each call is GIL-atomic: no Python code runs between reading and updating the state.
 """
-from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
+from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
-from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.string cimport memcpy
 
 from rosefast.frontend._collector_py import check_delta, chunk_fields, chunk_repr, chunks_equal
@@ -21,6 +20,14 @@ cdef extern from "ptrvec.h":
 
 
 cdef extern from "Python.h":
+    Py_ssize_t PySequence_Fast_GET_SIZE(object)
+    PyObject **PySequence_Fast_ITEMS(object)
+    # the same macros on borrowed pointers: no temporary reference per item, as an `object` would take
+    void _incref "Py_INCREF" (PyObject *)
+    void _decref "Py_DECREF" (PyObject *)
+    Py_ssize_t _len "PyUnicode_GET_LENGTH" (PyObject *)
+    int _kind "PyUnicode_KIND" (PyObject *)
+    char *_data "PyUnicode_DATA" (PyObject *)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
     unsigned int PyUnicode_MAX_CHAR_VALUE(object)
     object PyUnicode_New(Py_ssize_t size, unsigned int maxchar)
@@ -47,7 +54,7 @@ cdef class StreamChunk:
 cdef inline void _release_all(rf_ptrvec *v):
     cdef size_t i
     for i in range(v.len):
-        Py_DECREF(<object>v.items[i])
+        _decref(<PyObject *>v.items[i])
     v.len = 0
 
 
@@ -62,23 +69,26 @@ cdef class StreamOutputCollector:
         rf_ptrvec_free(&self._ids)
         rf_ptrvec_free(&self._pieces)
 
+    cdef int _put_other(self, object token_ids, object text, bint finished, object finish_reason) except -1:
+        """The rare delta that is not exactly (list | tuple, str, None | str): checked, then read as plain types."""
+        check_delta(token_ids, text, finish_reason)      # raises for the wrong types
+        return self._put(list(token_ids), str(text), finished, finish_reason)
+
     cdef int _put(self, object token_ids, object text, bint finished, object finish_reason) except -1:
+        # Parameters are never rebound here: Cython then borrows them (no reference traffic per merge).
         cdef Py_ssize_t i, n
-        cdef bint is_list = type(token_ids) is list
+        cdef PyObject **items
         # Validate (and reserve) before touching anything: a bad delta leaves the waiting chunk as it was.
-        if type(text) is not str or not (is_list or type(token_ids) is tuple) \
+        if type(text) is not str or (type(token_ids) is not list and type(token_ids) is not tuple) \
                 or (finish_reason is not None and type(finish_reason) is not str):
-            check_delta(token_ids, text, finish_reason)  # raises for the wrong types
-            token_ids = list(token_ids)                  # a list/tuple subclass: read a plain copy
-            is_list = True
-            text = str(text)
-        n = PyList_GET_SIZE(token_ids) if is_list else PyTuple_GET_SIZE(token_ids)
+            return self._put_other(token_ids, text, finished, finish_reason)
+        n = PySequence_Fast_GET_SIZE(token_ids)
         if rf_ptrvec_reserve(&self._ids, n) < 0 or rf_ptrvec_reserve(&self._pieces, 1) < 0:
             raise MemoryError()
+        items = PySequence_Fast_ITEMS(token_ids)           # a list's or a tuple's item array
         for i in range(n):
-            item = <object>(PyList_GET_ITEM(token_ids, i) if is_list else PyTuple_GET_ITEM(token_ids, i))
-            Py_INCREF(item)
-            rf_ptrvec_push_unchecked(&self._ids, <void *>item)
+            _incref(items[i])
+            rf_ptrvec_push_unchecked(&self._ids, <void *>items[i])
         if PyUnicode_GET_LENGTH(text):
             Py_INCREF(text)
             rf_ptrvec_push_unchecked(&self._pieces, <void *>text)
@@ -119,27 +129,34 @@ cdef class StreamOutputCollector:
 
     cdef object _take_text(self):
         cdef size_t i, n = self._pieces.len
-        cdef Py_ssize_t pos = 0, length
+        cdef Py_ssize_t pos = 0, length, b, nbytes
         cdef int kind
         cdef char *data
-        cdef object piece
+        cdef char *src
+        cdef PyObject *piece
         if n == 0:
             return ""
         if n == 1:
-            piece = <object>self._pieces.items[0]
-            Py_DECREF(piece)   # the local holds it now
+            text = <object>self._pieces.items[0]
+            _decref(<PyObject *>self._pieces.items[0])   # `text` holds it now
             self._pieces.len = 0
-            return piece
+            return text
         text = PyUnicode_New(self._text_len, self._maxchar)  # a str is not GC-tracked: no Python code runs
         kind = PyUnicode_KIND(text)
         data = <char *>PyUnicode_DATA(text)
         for i in range(n):
-            piece = <object>self._pieces.items[i]
-            length = PyUnicode_GET_LENGTH(piece)
-            if PyUnicode_KIND(piece) == kind:   # same width: a plain copy
-                memcpy(data + pos * kind, PyUnicode_DATA(piece), length * kind)
-            else:                               # narrower piece: widened by CPython
-                PyUnicode_CopyCharacters(text, pos, piece, 0, length)
+            piece = <PyObject *>self._pieces.items[i]
+            length = _len(piece)
+            if _kind(piece) == kind:   # same width: a plain copy (decode pieces are a few bytes: inline)
+                nbytes = length * kind
+                src = _data(piece)
+                if nbytes <= 32:
+                    for b in range(nbytes):
+                        data[pos * kind + b] = src[b]
+                else:
+                    memcpy(data + pos * kind, src, nbytes)
+            else:                      # narrower piece: widened by CPython
+                PyUnicode_CopyCharacters(text, pos, <object>piece, 0, length)
             pos += length
         _release_all(&self._pieces)
         return text
