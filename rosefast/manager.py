@@ -11,7 +11,13 @@ id is made or a token encoded), then allocates the id and the request's collecto
 `tokenize_workers > 0` the prompt is encoded by native worker threads, otherwise inline; pre-tokenized
 prompts (`prompt_token_ids`) skip tokenization. The engine runs in its own native thread. Each request's
 inflight slot is released exactly once: when it finishes, fails or is aborted.
+
+Once the model is loaded, the objects made so far (torch, transformers, the model: ~340k of them) are
+moved out of the garbage collector's reach with `gc.freeze()` (`freeze_gc=False` to keep Python's
+default): a full collection over them takes ~150 ms on a 2-core CPU, and it would stall whichever
+thread triggered it: a step of every stream, or a submit. The last manager to close unfreezes them.
 """
+import gc
 import itertools
 import time
 
@@ -26,13 +32,14 @@ from rosefast.timing import RequestTiming
 from rosefast.tokenize_pool import TokenizePool
 
 WAIT_SLICE = 0.5   # a consumer re-checks for shutdown this often while it waits
+_gc_frozen_by = set()   # ids of the open managers that froze the startup objects
 
 
 class SchedulerManager:
     def __init__(self, engine_config=None, *, max_batch_size=None, prefill_max_batch_size=None,
                  max_active_requests=None, max_inflight_requests=None, tokenize_workers=0,
                  record_token_timestamps=False, waker="thread", before_step=None, tokenizer=None, wait=True,
-                 wrap_tokenizer=None, **engine_kwargs):
+                 wrap_tokenizer=None, freeze_gc=True, **engine_kwargs):
         overrides = {k: v for k, v in dict(max_batch_size=max_batch_size, prefill_max_batch_size=prefill_max_batch_size,
                                           max_active_requests=max_active_requests).items() if v is not None}
         if engine_config is None:
@@ -61,6 +68,7 @@ class SchedulerManager:
         self._tokenize_workers = tokenize_workers
         self._wrap_tokenizer = wrap_tokenizer   # e.g. fault injection around the loaded tokenizer
         self._pool = None
+        self._freeze_gc = freeze_gc
         self._engine_thread = EngineThread(self._load, self.fanout, self.waker, self._release, self._timing,
                                            before_step)
         self._engine_thread.start(wait=wait)
@@ -79,6 +87,10 @@ class SchedulerManager:
         engine = LLMEngine(self.config)
         if self._tokenize_workers:
             self._pool = TokenizePool(self.tokenizer, self._tokenize_workers, self._tokenized, self._fail)
+        if self._freeze_gc:
+            gc.collect()                   # what is garbage now is not frozen with the rest
+            gc.freeze()
+            _gc_frozen_by.add(id(self))
         self.engine = engine
         return engine, self.tokenizer
 
@@ -259,6 +271,10 @@ class SchedulerManager:
             self.waker.wake(self.fanout.publish_error(open_ids, ShutdownError("the manager was closed")))
         for rid in open_ids:
             self._release(rid)
+        if id(self) in _gc_frozen_by:
+            _gc_frozen_by.discard(id(self))
+            if not _gc_frozen_by:
+                gc.unfreeze()              # the model and the rest become collectable again
 
     def __enter__(self):
         return self

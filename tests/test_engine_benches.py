@@ -19,5 +19,6 @@ def test_throughput_runs_every_level(tiny_llama, capsys):
 def test_add_request_compares_worker_settings(tiny_llama):
     rows = add_request.main(["--model", str(tiny_llama.path), "--workers", "0,1", "--requests", "5",
                              "--intervals-ms", "0,1", "--prompt-repeats", "8"])
-    assert [(r[0], r[1]) for r in rows] == [(0, "control"), (0, 0), (0, 1), (1, "control"), (1, 0), (1, 1)]
+    settings = ["control, idle", 0, "0: control under load", 1, "1: control under load"]
+    assert [(r[0], r[1]) for r in rows] == [(interval, s) for interval in (0, 1) for s in settings]
     assert all(0 < r[2] <= r[5] for r in rows)

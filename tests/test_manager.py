@@ -1,5 +1,6 @@
 """SchedulerManager: async tokenization, admission, streams, detokenization, faults, timestamps, shutdown."""
 import ast
+import gc
 import random
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
 from rosefast.errors import EngineError, OverloadedError, ShutdownError
+from rosefast import manager as manager_module
 from rosefast.manager import SchedulerManager
 from rosefast.models import load_tokenizer
 
@@ -254,6 +256,33 @@ def test_shutdown_fails_open_requests(tiny_llama):
     assert m.inflight == 0
     with pytest.raises(ShutdownError):
         m.add_request("after close")
+
+
+def test_startup_objects_frozen_while_serving(manager, tiny_llama):
+    """The loaded model and libraries are out of the collector's reach while a manager serves; the
+    last one to close gives them back; freeze_gc=False leaves the collector alone."""
+    assert manager.engine is not None and gc.get_freeze_count() > 0    # the module's manager froze them
+    with make_manager(tiny_llama, freeze_gc=False) as plain:
+        assert plain.wait_ready(60)
+        assert id(plain) not in manager_module._gc_frozen_by
+    with make_manager(tiny_llama) as m:
+        assert m.wait_ready(60)
+        model = m.engine.runner.model
+        assert not any(o is model for o in gc.get_objects())   # frozen: in no generation a collection scans
+        assert id(m) in manager_module._gc_frozen_by
+    assert gc.get_freeze_count() > 0                   # the module's manager still holds the freeze
+    others = set(manager_module._gc_frozen_by)
+    manager_module._gc_frozen_by.clear()               # as if the module's manager were the last one...
+    try:
+        with make_manager(tiny_llama) as last:
+            assert last.wait_ready(60)
+            model = last.engine.runner.model
+            assert gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() == 0              # ...its close unfreezes
+        assert any(o is model for o in gc.get_objects())
+    finally:
+        manager_module._gc_frozen_by.update(others)
+        gc.freeze()
 
 
 def test_engine_runs_in_a_native_thread_under_gevent(tiny_llama):

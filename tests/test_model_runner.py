@@ -1,5 +1,7 @@
 """Our torch forward on the paged KV cache against Hugging Face's own forward, and the sampler."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from rosefast.config import EngineConfig
@@ -163,6 +165,26 @@ def test_top_k_and_top_p_restrict_the_support():
 def test_bad_sampling_params_name_the_parameter(field, value, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**{field: value})
+
+
+EDGES = [0, 1, -1, -2, 2, 0.0, -0.0, 1.0, 1.5, -0.1, 0.5, 2.0, float("inf"), float("-inf"), float("nan")]
+ANY_VALUE = st.one_of(st.sampled_from(EDGES),      # half the draws at the edges, half anything
+                      st.one_of(st.none(), st.booleans(), st.integers(-3, 2**70), st.floats(), st.text(max_size=3),
+                                st.lists(st.one_of(st.integers(-2, 5), st.text(max_size=2)), max_size=3)))
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.dictionaries(st.sampled_from(["max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                                        "stop_token_ids"]), ANY_VALUE, max_size=3))
+def test_sampling_params_fast_check_accepts_only_what_the_full_check_accepts(kwargs):
+    """The submit path's one-expression check never lets through what the full validation refuses."""
+    try:
+        params = SamplingParams(**kwargs)
+    except (ValueError, TypeError):
+        return
+    before = repr(params)
+    params._validate()                 # raises if the fast check let a bad value through
+    assert repr(params) == before      # and the full check would have normalised nothing differently
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,8 +1,11 @@
 """SamplingParams (validated) and the batched Sampler: greedy, temperature, top-k, top-p, per-request seed."""
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+_INF = float("inf")
+_PLAIN_NUMBER = (float, int)   # exact types: a bool is neither
 
 
 def _int(name, value, low):
@@ -17,7 +20,7 @@ def _number(name, value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
-@dataclass
+@dataclass(slots=True)
 class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0     # 0: greedy
@@ -28,9 +31,18 @@ class SamplingParams:
     stop: tuple = ()             # stop strings (the detokenizer cuts the text there)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
+        # One expression for the common, plainly typed request (it is on the submit path); anything
+        # else — an int temperature, a seed, stop strings, a bad value — gets the full check.
+        if not (type(self.max_tokens) is int and self.max_tokens >= 1
+                and type(self.temperature) in _PLAIN_NUMBER and 0.0 <= self.temperature < _INF
+                and type(self.top_p) in _PLAIN_NUMBER and 0.0 < self.top_p <= 1.0
+                and type(self.top_k) is int and self.top_k >= -1
+                and self.seed is None and self.stop == () and self.stop_token_ids == ()):
+            self._validate()
+
+    def _validate(self):
         _int("max_tokens", self.max_tokens, 1)
         _number("temperature", self.temperature)
         if self.temperature < 0:
