@@ -46,10 +46,9 @@ def _serve(chat):
     manager = state.manager
     t0 = time.perf_counter()
     if state.draining:
-        raise APIError(503, "the server is shutting down", "server_error")
+        raise api_error(ShutdownError(), state, chat)
     if manager is None or not manager.ready:
-        raise APIError(503, "the model is still loading; retry shortly", "server_error",
-                       headers={"Retry-After": "5"})
+        raise api_error(NotReadyError(), state, chat)
     body = _body()
     openai_api.check_fields(body, openai_api.CHAT if chat else openai_api.COMPLETION)
     model = body.get("model")
@@ -66,17 +65,8 @@ def _serve(chat):
     usage_flag = openai_api.include_usage(body)
     try:
         rid = manager.add_request(prompt, prompt_token_ids=prompt_ids, params=params)
-    except OverloadedError as e:
-        raise APIError(429, str(e), "rate_limit_error", code="rate_limit_exceeded",
-                       headers={"Retry-After": str(state.config.retry_after_seconds)}) from None
-    except NotReadyError:
-        raise APIError(503, "the model is still loading; retry shortly", "server_error") from None
-    except ShutdownError:
-        raise APIError(503, "the server is shutting down", "server_error") from None
-    except EngineError as e:
-        raise APIError(500, str(e), "server_error") from None
-    except ValueError as e:
-        raise bad_request(str(e), "messages" if chat else "prompt") from None
+    except MANAGER_ERRORS as e:
+        raise api_error(e, state, chat) from None
     shapes = openai_api.Shapes(chat, state.model_name)
     stop_watch = disconnect.watch(request.environ, lambda: manager.abort(rid))
     run = _Run(state, manager, rid, shapes, chat, t0, stop_watch)
@@ -85,6 +75,25 @@ def _serve(chat):
     if stream:
         return Response(run.events(usage_flag), mimetype="text/event-stream", headers=sse.HEADERS)
     return run.collect()
+
+
+MANAGER_ERRORS = (OverloadedError, ShutdownError, EngineError, ValueError)
+LOADING_RETRY_AFTER_S = 5
+
+
+def api_error(e, state, chat):
+    """What the manager raised (at add_request or while the request runs) as the client's APIError."""
+    if isinstance(e, OverloadedError):
+        return APIError(429, str(e), "rate_limit_error", code="rate_limit_exceeded",
+                        headers={"Retry-After": str(state.config.retry_after_seconds)})
+    if isinstance(e, NotReadyError):
+        return APIError(503, "the model is still loading; retry shortly", "server_error",
+                        headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
+    if isinstance(e, ShutdownError):
+        return APIError(503, "the server is shutting down", "server_error")
+    if isinstance(e, EngineError):
+        return APIError(500, str(e), "server_error")
+    return bad_request(str(e), "messages" if chat else "prompt")
 
 
 def _chat_prompt(manager, messages):
@@ -150,10 +159,9 @@ class _Run:
                     first = False
             if include_usage:
                 yield sse.event(shapes.usage_chunk(self._usage()))
-        except (EngineError, ShutdownError, ValueError) as e:   # after the 200: an error event, then [DONE]
-            self.status = {ShutdownError: "503", ValueError: "400"}.get(type(e), "500")
-            kind = "invalid_request_error" if isinstance(e, ValueError) else "server_error"
-            yield sse.event(APIError(int(self.status), str(e), kind).body())
+        except MANAGER_ERRORS as e:   # after the 200: an error event, then [DONE]
+            error = self._failed(e)
+            yield sse.event(error.body())
         except GeneratorExit:
             self.status = "499"   # the client went away
             raise
@@ -170,20 +178,18 @@ class _Run:
                 self._observe(chunk)
                 text.append(chunk.text)
                 reason = chunk.finish_reason
-        except EngineError as e:
-            self.status = "500"
-            raise APIError(500, str(e), "server_error") from None
-        except ValueError as e:
-            self.status = "400"
-            raise bad_request(str(e), "messages" if self.chat else "prompt") from None
-        except ShutdownError as e:
-            self.status = "503"
-            raise APIError(503, str(e), "server_error") from None
+        except MANAGER_ERRORS as e:
+            raise self._failed(e) from None
         finally:
             stream.close()
             self._finish()
         body = self.shapes.full("".join(text), openai_api.openai_finish_reason(reason), self._usage())
         return Response(json.dumps(body), mimetype="application/json")
+
+    def _failed(self, e):
+        error = api_error(e, self.state, self.chat)
+        self.status = str(error.status)
+        return error
 
     def _usage(self):
         return openai_api.usage(self.prompt_tokens, self.completion_tokens)
