@@ -39,6 +39,12 @@ class Sample:
     last_recv: float = None
     event_times: list = field(default_factory=list)
 
+    def received(self, now):
+        """A chunk with tokens (in-process) or text (--url) arrived at `now`."""
+        self.first_recv = self.first_recv or now
+        self.last_recv = now
+        self.event_times.append(now)
+
 
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m rosefast.bench.streaming", description=__doc__,
@@ -153,10 +159,7 @@ def run_inprocess(manager, args, prompts, progress=None):
             try:
                 for chunk in manager.stream(rid):
                     if chunk.token_ids:
-                        now = time.perf_counter()
-                        s.first_recv = s.first_recv or now
-                        s.last_recv = now
-                        s.event_times.append(now)
+                        s.received(time.perf_counter())
                         s.completion_tokens += len(chunk.token_ids)
             except Exception as e:  # noqa: BLE001 - counted, not crashed on
                 s.error = repr(e)
@@ -237,10 +240,7 @@ async def _http_one(client, args, model, prompt, s, progress):
                 for choice in event.get("choices") or []:
                     text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
                     if text:
-                        now = time.perf_counter()
-                        s.first_recv = s.first_recv or now
-                        s.last_recv = now
-                        s.event_times.append(now)
+                        s.received(time.perf_counter())
     except Exception as e:  # noqa: BLE001
         s.error = repr(e)
     finally:

@@ -88,14 +88,13 @@ class BlockManager:
             seq.block_table.append(block)
         seq.num_hashed_blocks = len(seq.block_table)
         seq.num_cached = len(seq.block_table) * self.block_size
-        while len(seq.block_table) < self.blocks_for(seq.num_tokens):
-            seq.block_table.append(self._take_free())
+        self.append_slot(seq)
 
     def can_append(self, seq):
         return self.blocks_for(seq.num_tokens) - len(seq.block_table) <= self.num_free_blocks
 
     def append_slot(self, seq):
-        """Make room for the sequence's newest token."""
+        """Give the sequence blocks up to its newest token."""
         while len(seq.block_table) < self.blocks_for(seq.num_tokens):
             seq.block_table.append(self._take_free())
 

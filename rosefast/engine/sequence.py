@@ -36,10 +36,6 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def output_token_ids(self):
-        return self.token_ids[self.num_prompt_tokens:]
-
-    @property
     def num_output_tokens(self):
         return len(self.token_ids) - self.num_prompt_tokens
 

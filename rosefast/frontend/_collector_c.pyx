@@ -78,6 +78,7 @@ cdef class StreamOutputCollector:
         # Parameters are never rebound here: Cython then borrows them (no reference traffic per merge).
         cdef Py_ssize_t i, n
         cdef PyObject **items
+        cdef unsigned int maxchar
         # Validate (and reserve) before touching anything: a bad delta leaves the waiting chunk as it was.
         if type(text) is not str or (type(token_ids) is not list and type(token_ids) is not tuple) \
                 or (finish_reason is not None and type(finish_reason) is not str):
@@ -93,8 +94,9 @@ cdef class StreamOutputCollector:
             Py_INCREF(text)
             rf_ptrvec_push_unchecked(&self._pieces, <void *>text)
             self._text_len += PyUnicode_GET_LENGTH(text)
-            if PyUnicode_MAX_CHAR_VALUE(text) > self._maxchar:
-                self._maxchar = PyUnicode_MAX_CHAR_VALUE(text)
+            maxchar = PyUnicode_MAX_CHAR_VALUE(text)
+            if maxchar > self._maxchar:
+                self._maxchar = maxchar
         if not self._has:
             self._finished = finished
             self._reason = finish_reason
