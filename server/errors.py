@@ -1,7 +1,12 @@
-"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}."""
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}, and the JSON response
+every non-streamed answer goes out as."""
 import json
 
 from flask import Response
+
+
+def json_response(payload, status=200, headers=None):
+    return Response(json.dumps(payload), status=status, mimetype="application/json", headers=headers)
 
 
 class APIError(Exception):
@@ -16,8 +21,7 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self):
-        return Response(json.dumps(self.body()), status=self.status, mimetype="application/json",
-                        headers=self.headers)
+        return json_response(self.body(), self.status, self.headers)
 
 
 def bad_request(message, param=None):

@@ -1,7 +1,6 @@
 """The Flask app factory: configuration from ROSEFAST_*, the model loaded in the worker, the routes."""
 import atexit
 import hmac
-import json
 import logging
 import sys
 import time
@@ -11,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from rosefast.manager import SchedulerManager
 from server.config import server_config_from_env
-from server.errors import APIError
+from server.errors import APIError, json_response
 from server.metrics import Metrics
 
 log = logging.getLogger("rosefast.server")
@@ -97,10 +96,6 @@ class _FaultyTokenizer:
         return getattr(self._tokenizer, name)
 
 
-def _json_response(payload, status=200, headers=None):
-    return Response(json.dumps(payload), status=status, mimetype="application/json", headers=headers)
-
-
 def create_app(config=None, start=True):
     """The WSGI app. `config` defaults to the ROSEFAST_* environment (a bad value raises ConfigError)."""
     from server import routes
@@ -127,12 +122,12 @@ def create_app(config=None, start=True):
     def health():
         m = state.manager
         if m is not None and m.load_error is not None:
-            return _json_response({"status": "error", "error": str(m.load_error)}, 500)
+            return json_response({"status": "error", "error": str(m.load_error)}, 500)
         if m is None or not m.ready:
-            return _json_response({"status": "loading"}, 503)
+            return json_response({"status": "loading"}, 503)
         if state.draining:
-            return _json_response({"status": "draining"}, 503)
-        return _json_response({"status": "ok"})
+            return json_response({"status": "draining"}, 503)
+        return json_response({"status": "ok"})
 
     @app.get("/v1/models")
     def models():
@@ -140,7 +135,7 @@ def create_app(config=None, start=True):
         card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "rosefast"}
         if m is not None and m.ready:
             card["max_model_len"] = m.engine.max_model_len
-        return _json_response({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": [card]})
 
     @app.get("/metrics")
     def metrics():

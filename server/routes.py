@@ -7,7 +7,7 @@ from flask import Blueprint, Response, current_app, request
 
 from rosefast.errors import EngineError, NotReadyError, OverloadedError, ShutdownError
 from server import disconnect, openai_api, sse
-from server.errors import APIError, bad_request
+from server.errors import APIError, bad_request, json_response
 
 bp = Blueprint("openai", __name__)
 access = logging.getLogger("rosefast.access")
@@ -184,7 +184,7 @@ class _Run:
             stream.close()
             self._finish()
         body = self.shapes.full("".join(text), openai_api.openai_finish_reason(reason), self._usage())
-        return Response(json.dumps(body), mimetype="application/json")
+        return json_response(body)
 
     def _failed(self, e):
         error = api_error(e, self.state, self.chat)

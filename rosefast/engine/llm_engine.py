@@ -8,7 +8,7 @@ from rosefast.engine.block_manager import BlockManager
 from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.scheduler import Scheduler
-from rosefast.engine.sequence import Sequence, SequenceStatus
+from rosefast.engine.sequence import Sequence
 
 log = logging.getLogger("rosefast.engine")
 

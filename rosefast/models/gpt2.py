@@ -1,5 +1,4 @@
 """GPT-2 on the paged KV cache: learned positions, LayerNorm, fused qkv, tanh-GELU, tied lm_head."""
-import torch
 import torch.nn.functional as F
 from torch import nn
 
