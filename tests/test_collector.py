@@ -1,4 +1,8 @@
 """StreamOutputCollector: merged delivery == unmerged delivery, no aliasing, nothing lost on bad input."""
+import itertools
+import sys
+import threading
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -55,6 +59,21 @@ def test_merged_equals_unmerged_at_backlog_depth(mod, depth):
     assert len(got) == 3
     assert collector.merges == 3 * (depth - 1)
     assert [c.finished for c in got] == [False, False, True]
+
+
+# One piece of each storage width (ASCII, Latin-1, BMP, astral), short and long: merged text takes the width of
+# its widest piece, so every narrower piece before or after it must be widened code point by code point.
+WIDTHS = ["ok", "é", "東", "🚀", "x" * 40, "é" * 40, "東" * 20, "🚀" * 9]
+
+
+@pytest.mark.parametrize("first", WIDTHS, ids=range(len(WIDTHS)))
+def test_text_of_every_width_merges_code_point_for_code_point(mod, first):
+    for second in WIDTHS:
+        for third in WIDTHS:
+            collector = mod.StreamOutputCollector()
+            for piece in (first, second, third):
+                collector.put_nowait(mod.StreamChunk([1], piece))
+            assert collector.get_nowait().text == first + second + third
 
 
 @pytest.mark.parametrize("name", ["c", "py"])
@@ -120,6 +139,147 @@ def test_non_str_text_raises_and_keeps_what_was_accumulated(mod):
     chunk = collector.get_nowait()
     assert (chunk.token_ids, chunk.text, chunk.finished, chunk.finish_reason) == ([1, 2], "Hello", False, None)
     assert collector.merges == 1
+
+
+def test_a_delta_converted_by_python_code_is_held_while_it_runs(mod):
+    """Subclassed fields go through Python code (the checks, list(), str()), which may drop the chunk's own
+    references: the collector must hold the fields itself until it is done with them."""
+    freed = []
+
+    class Text(str):
+        def __del__(self):
+            freed.append(str(self))
+
+    class Ids(list):
+        def __iter__(self):
+            chunk.text = "replaced"       # the chunk's reference to the original text is gone
+            assert not freed, "the text was freed while the collector still read it"
+            return super().__iter__()
+
+    collector = mod.StreamOutputCollector()
+    chunk = mod.StreamChunk(Ids([1, 2]), Text("original"))
+    collector.put_nowait(chunk)
+    got = collector.get_nowait()
+    assert (got.token_ids, got.text, type(got.text), type(got.token_ids)) == ([1, 2], "original", str, list)
+
+
+def test_a_finished_flag_that_runs_python_code_cannot_free_the_fields(mod):
+    freed = []
+
+    class Ids(list):
+        def __del__(self):
+            freed.append(list(self))
+
+    class Truthy:
+        def __bool__(self):
+            chunk.token_ids, chunk.text = [99], "replaced"   # drops the chunk's references to its fields
+            assert not freed, "the ids were freed while the collector still read them"
+            return True
+
+    collector = mod.StreamOutputCollector()
+    chunk = mod.StreamChunk(Ids([1, 2]), "".join(["orig", "inal"]), Truthy())
+    assert collector.put_nowait(chunk)
+    got = collector.get_nowait()
+    assert (got.token_ids, got.text, got.finished) == ([1, 2], "original", True)
+
+
+def test_str_subclasses_are_delivered_as_plain_str(mod):
+    class Reason(str):
+        pass
+
+    class Sticky(str):
+        def __str__(self):         # str() of it gives itself back, not a plain str
+            return self
+
+    collector = mod.StreamOutputCollector()
+    collector.put_nowait(mod.StreamChunk([1], Sticky("a"), False, Reason("length")))
+    first = collector.get_nowait()
+    collector.put_nowait(mod.StreamChunk([2], "b", False, None))
+    collector.put_nowait(mod.StreamChunk([3], Sticky("c"), True, Reason("stop")))
+    merged = collector.get_nowait()
+    assert [(c.token_ids, c.text, c.finish_reason) for c in (first, merged)] == [([1], "a", "length"),
+                                                                               ([2, 3], "bc", "stop")]
+    assert {type(c.text) for c in (first, merged)} | {type(c.finish_reason) for c in (first, merged)} == {str}
+
+
+def test_concurrent_put_and_take_lose_nothing(mod):
+    """The engine thread puts while a consumer thread takes; thread switches forced as often as possible."""
+    n = 20_000
+    collector = mod.StreamOutputCollector()
+    done = threading.Event()
+
+    def produce():
+        for i in range(n):
+            collector.put([i], PIECES[i % len(PIECES)], i == n - 1, "stop" if i == n - 1 else None)
+        done.set()
+
+    got = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        producer = threading.Thread(target=produce)
+        producer.start()
+        while True:
+            finished = done.is_set()
+            chunk = collector.get_nowait()
+            if chunk is not None:
+                got.append(chunk)
+            elif finished:
+                break
+        producer.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert concat(got) == ([*range(n)], "".join(PIECES[i % len(PIECES)] for i in range(n)), True, "stop")
+
+
+class _Tracked:
+    """A garbage-collected object from no free list: each one counts toward the next collection."""
+
+
+def test_compiled_take_is_atomic_even_when_it_runs_the_gc():
+    """A take allocates the chunk it returns, which may run the garbage collector, and so finalizers and other
+    threads. A put that lands then must be delivered whole: its ids and its text in the same chunk, nothing
+    left behind. A gc callback stands in for the other thread: it puts while the take's allocation collects.
+    (The pure twin serializes with a lock instead; a put from inside its own take would wait on it.)"""
+    import gc
+
+    mod = load_flavour("collector", "c")
+    collector = mod.StreamOutputCollector()
+    sent, numbers, got, keep = [], itertools.count(), [], []
+    armed = False
+
+    def put():
+        i = next(numbers)
+        chunk = mod.StreamChunk([i], f"<{i}>")
+        collector.put_nowait(chunk)
+        sent.append(i)
+
+    def put_while_collecting(phase, info):
+        if phase == "start" and armed:
+            put()
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(put_while_collecting)
+    gc.set_threshold(1)
+    try:
+        for _ in range(20):
+            put()
+            gc.collect()                 # the count of new objects is 0 ...
+            keep.append(_Tracked())      # ... now 1: the take's next allocation collects
+            armed = True
+            got.append(collector.get_nowait())
+            armed = False
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(put_while_collecting)
+    while (chunk := collector.get_nowait()) is not None:
+        got.append(chunk)
+    got = [c for c in got if c is not None]
+    # 20 takes, 20 puts from the collections they ran (a thread left by another test may collect one first)
+    assert len(sent) >= 30, "the takes did not collect: this test no longer tests anything"
+    assert [(c.token_ids, c.text) for c in got] == [(c.token_ids, "".join(f"<{i}>" for i in c.token_ids))
+                                                    for c in got]
+    assert [i for c in got for i in c.token_ids] == sent
 
 
 def test_bad_first_chunk_leaves_collector_empty(mod):

@@ -1,3 +1,6 @@
+from cpython.ref cimport PyObject
+
+
 cdef extern from "ptrvec.h":
     ctypedef struct rf_ptrvec:
         void **items
@@ -27,7 +30,8 @@ cdef class StreamOutputCollector:
     cdef object _error
     cdef readonly Py_ssize_t merges
 
-    cdef int _put(self, object token_ids, object text, bint finished, object finish_reason) except -1
+    cdef int _put(self, PyObject *token_ids, PyObject *text, bint finished, PyObject *finish_reason) except -1
     cdef int _put_other(self, object token_ids, object text, bint finished, object finish_reason) except -1
+    cdef object _put_fields(self, object chunk)
     cpdef object get_nowait(self)
     cdef object _take_text(self)

@@ -9,7 +9,7 @@ from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
 from libc.string cimport memcpy
 
-from rosefast.frontend._collector_py import check_delta, chunk_fields, chunk_repr, chunks_equal
+from rosefast.frontend._collector_py import check_delta, chunk_fields, chunk_repr, chunks_equal, plain_delta
 
 
 cdef extern from "ptrvec.h":
@@ -20,21 +20,27 @@ cdef extern from "ptrvec.h":
 
 
 cdef extern from "Python.h":
-    Py_ssize_t PySequence_Fast_GET_SIZE(object)
-    PyObject **PySequence_Fast_ITEMS(object)
+    ctypedef unsigned char Py_UCS1
+    ctypedef unsigned short Py_UCS2
+    ctypedef struct PyTypeObject:
+        pass
+    PyTypeObject PyUnicode_Type, PyList_Type, PyTuple_Type
+    PyObject *_None "Py_None"
+    PyObject *_True "Py_True"
+    PyObject *_False "Py_False"
     # the same macros on borrowed pointers: no temporary reference per item, as an `object` would take
     void _incref "Py_INCREF" (PyObject *)
     void _decref "Py_DECREF" (PyObject *)
     Py_ssize_t _len "PyUnicode_GET_LENGTH" (PyObject *)
     int _kind "PyUnicode_KIND" (PyObject *)
     char *_data "PyUnicode_DATA" (PyObject *)
-    Py_ssize_t PyUnicode_GET_LENGTH(object)
-    unsigned int PyUnicode_MAX_CHAR_VALUE(object)
+    unsigned int _maxchar "PyUnicode_MAX_CHAR_VALUE" (PyObject *)
+    PyTypeObject *_type "Py_TYPE" (PyObject *)
+    Py_ssize_t _seq_size "PySequence_Fast_GET_SIZE" (PyObject *)
+    PyObject **_seq_items "PySequence_Fast_ITEMS" (PyObject *)
     object PyUnicode_New(Py_ssize_t size, unsigned int maxchar)
     int PyUnicode_KIND(object)
     void *PyUnicode_DATA(object)
-    Py_ssize_t PyUnicode_CopyCharacters(object to, Py_ssize_t to_start, object frm, Py_ssize_t frm_start,
-                                        Py_ssize_t how_many) except -1
 
 
 cdef class StreamChunk:
@@ -58,6 +64,46 @@ cdef inline void _release_all(rf_ptrvec *v):
     v.len = 0
 
 
+cdef inline int _merge(StreamOutputCollector self, PyObject *token_ids, PyObject *text, bint finished,
+                       PyObject *finish_reason) except -1:
+    """Store or merge one delta. The references are borrowed: no Python code runs on this path (the rare
+    delta of other types goes to _put_other, which takes its own references first)."""
+    cdef Py_ssize_t i, n, length
+    cdef PyObject **items
+    cdef unsigned int maxchar
+    # Validate (and reserve) before touching anything: a bad delta leaves the waiting chunk as it was.
+    if _type(text) != &PyUnicode_Type \
+            or (_type(token_ids) != &PyList_Type and _type(token_ids) != &PyTuple_Type) \
+            or (finish_reason != _None and _type(finish_reason) != &PyUnicode_Type):
+        return self._put_other(<object>token_ids, <object>text, finished, <object>finish_reason)
+    n = _seq_size(token_ids)
+    if rf_ptrvec_reserve(&self._ids, n) < 0 or rf_ptrvec_reserve(&self._pieces, 1) < 0:
+        raise MemoryError()
+    items = _seq_items(token_ids)            # a list's or a tuple's item array
+    for i in range(n):
+        _incref(items[i])
+        rf_ptrvec_push_unchecked(&self._ids, <void *>items[i])
+    length = _len(text)
+    if length:
+        _incref(text)
+        rf_ptrvec_push_unchecked(&self._pieces, <void *>text)
+        self._text_len += length
+        maxchar = _maxchar(text)
+        if maxchar > self._maxchar:
+            self._maxchar = maxchar
+    if not self._has:
+        self._finished = finished
+        self._reason = <object>finish_reason
+        self._has = True
+        return self._error is None
+    if finished:
+        self._finished = True
+    if finish_reason != _None and _len(finish_reason):   # the last non-empty reason wins
+        self._reason = <object>finish_reason
+    self.merges += 1
+    return 0
+
+
 cdef class StreamOutputCollector:
     def __cinit__(self):
         rf_ptrvec_init(&self._ids)
@@ -70,56 +116,40 @@ cdef class StreamOutputCollector:
         rf_ptrvec_free(&self._pieces)
 
     cdef int _put_other(self, object token_ids, object text, bint finished, object finish_reason) except -1:
-        """The rare delta that is not exactly (list | tuple, str, None | str): checked, then read as plain types."""
-        check_delta(token_ids, text, finish_reason)      # raises for the wrong types
-        return self._put(list(token_ids), str(text), finished, finish_reason)
+        """The rare delta that is not exactly (list | tuple, str, None | str): checked, then read as plain types.
+        It takes its own references first: the checks and the conversions may run Python code."""
+        cdef object ids = token_ids, piece = text, reason = finish_reason
+        check_delta(ids, piece, reason)      # raises for the wrong types
+        ids, piece, reason = plain_delta(ids, piece, reason)
+        return _merge(self, <PyObject *>ids, <PyObject *>piece, finished, <PyObject *>reason)
 
-    cdef int _put(self, object token_ids, object text, bint finished, object finish_reason) except -1:
-        # Parameters are never rebound here: Cython then borrows them (no reference traffic per merge).
-        cdef Py_ssize_t i, n
-        cdef PyObject **items
-        cdef unsigned int maxchar
-        # Validate (and reserve) before touching anything: a bad delta leaves the waiting chunk as it was.
-        if type(text) is not str or (type(token_ids) is not list and type(token_ids) is not tuple) \
-                or (finish_reason is not None and type(finish_reason) is not str):
-            return self._put_other(token_ids, text, finished, finish_reason)
-        n = PySequence_Fast_GET_SIZE(token_ids)
-        if rf_ptrvec_reserve(&self._ids, n) < 0 or rf_ptrvec_reserve(&self._pieces, 1) < 0:
-            raise MemoryError()
-        items = PySequence_Fast_ITEMS(token_ids)           # a list's or a tuple's item array
-        for i in range(n):
-            _incref(items[i])
-            rf_ptrvec_push_unchecked(&self._ids, <void *>items[i])
-        if PyUnicode_GET_LENGTH(text):
-            Py_INCREF(text)
-            rf_ptrvec_push_unchecked(&self._pieces, <void *>text)
-            self._text_len += PyUnicode_GET_LENGTH(text)
-            maxchar = PyUnicode_MAX_CHAR_VALUE(text)
-            if maxchar > self._maxchar:
-                self._maxchar = maxchar
-        if not self._has:
-            self._finished = finished
-            self._reason = finish_reason
-            self._has = True
-            return self._error is None
-        if finished:
-            self._finished = True
-        if finish_reason:
-            self._reason = finish_reason
-        self.merges += 1
-        return 0
+    cdef int _put(self, PyObject *token_ids, PyObject *text, bint finished, PyObject *finish_reason) except -1:
+        """Store or merge one delta given as borrowed references (the fan-out's entry)."""
+        return _merge(self, token_ids, text, finished, finish_reason)
 
     def put(self, token_ids, text, finished, finish_reason):
         """Store or merge one delta; True when the collector went from empty to ready."""
-        return self._put(token_ids, text, finished, finish_reason) == 1
+        return _merge(self, <PyObject *>token_ids, <PyObject *>text, finished, <PyObject *>finish_reason) == 1
 
     def put_nowait(self, chunk):
         """Store or merge `chunk` (any object with the four fields); True when it became ready."""
+        cdef PyObject *finished
         if type(chunk) is StreamChunk:
-            return self._put((<StreamChunk>chunk).token_ids, (<StreamChunk>chunk).text,
-                             (<StreamChunk>chunk).finished, (<StreamChunk>chunk).finish_reason) == 1
+            finished = <PyObject *>(<StreamChunk>chunk).finished
+            if finished == _True or finished == _False:
+                # The fields are read in place (borrowed): the caller's reference to the chunk keeps them
+                # alive, and no Python code runs until the merge is done (a `finished` that is not a bool
+                # could: its truth is taken on the other path, which holds its own references).
+                return _merge(self, <PyObject *>(<StreamChunk>chunk).token_ids,
+                              <PyObject *>(<StreamChunk>chunk).text, finished == _True,
+                              <PyObject *>(<StreamChunk>chunk).finish_reason) == 1
+        return self._put_fields(chunk)
+
+    cdef object _put_fields(self, object chunk):
+        """put_nowait of any other object with the four fields, or of a StreamChunk whose `finished` is not a
+        bool: the fields are owned here before Python code can run (its own frame: the common path stays small)."""
         token_ids, text, finished, finish_reason = chunk_fields(chunk)
-        return self._put(token_ids, text, finished, finish_reason) == 1
+        return _merge(self, <PyObject *>token_ids, <PyObject *>text, finished, <PyObject *>finish_reason) == 1
 
     def put_error(self, exc):
         """Fail the stream: the consumer gets `exc` raised after the chunk already waiting."""
@@ -131,8 +161,8 @@ cdef class StreamOutputCollector:
 
     cdef object _take_text(self):
         cdef size_t i, n = self._pieces.len
-        cdef Py_ssize_t pos = 0, length, b, nbytes
-        cdef int kind
+        cdef Py_ssize_t pos = 0, length, j, nbytes
+        cdef int kind, piece_kind
         cdef char *data
         cdef char *src
         cdef PyObject *piece
@@ -147,20 +177,31 @@ cdef class StreamOutputCollector:
         kind = PyUnicode_KIND(text)
         data = <char *>PyUnicode_DATA(text)
         for i in range(n):
+            # Decode pieces are a few code points: copied (or widened) here, not through a C API call each.
             piece = <PyObject *>self._pieces.items[i]
             length = _len(piece)
-            if _kind(piece) == kind:   # same width: a plain copy (decode pieces are a few bytes: inline)
+            piece_kind = _kind(piece)
+            src = _data(piece)
+            if piece_kind == kind:
                 nbytes = length * kind
-                src = _data(piece)
                 if nbytes <= 32:
-                    for b in range(nbytes):
-                        data[pos * kind + b] = src[b]
+                    for j in range(nbytes):
+                        data[pos * kind + j] = src[j]
                 else:
                     memcpy(data + pos * kind, src, nbytes)
-            else:                      # narrower piece: widened by CPython
-                PyUnicode_CopyCharacters(text, pos, <object>piece, 0, length)
+            elif kind == 4:            # one wide character makes the whole text UCS4: widen the rest
+                if piece_kind == 1:
+                    for j in range(length):
+                        (<Py_UCS4 *>data)[pos + j] = (<Py_UCS1 *>src)[j]
+                else:
+                    for j in range(length):
+                        (<Py_UCS4 *>data)[pos + j] = (<Py_UCS2 *>src)[j]
+            else:                      # UCS2 text, one-byte piece
+                for j in range(length):
+                    (<Py_UCS2 *>data)[pos + j] = (<Py_UCS1 *>src)[j]
             pos += length
-        _release_all(&self._pieces)
+            _decref(piece)             # a plain str: freeing it runs no Python code
+        self._pieces.len = 0
         return text
 
     cpdef object get_nowait(self):
@@ -172,15 +213,17 @@ cdef class StreamOutputCollector:
             if self._error is not None:
                 raise self._error
             return None
+        # Both allocations may run the GC, and so finalizers and other threads, which may put: they come
+        # before any state is read (the list's length is checked again), and nothing after them allocates.
+        chunk = StreamChunk.__new__(StreamChunk)
         while True:
             n = <Py_ssize_t>self._ids.len
-            ids = PyList_New(n)      # may run the GC, and so other threads: check the length again
+            ids = PyList_New(n)
             if n == <Py_ssize_t>self._ids.len:
                 break
         for i in range(n):           # the list takes over the references
             PyList_SET_ITEM(ids, i, <object>self._ids.items[i])
         self._ids.len = 0
-        chunk = StreamChunk.__new__(StreamChunk)
         chunk.token_ids = ids
         chunk.text = self._take_text()
         chunk.finished = self._finished

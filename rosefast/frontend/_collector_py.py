@@ -1,4 +1,5 @@
 """StreamOutputCollector, pure Python: the reference for _collector_c.pyx."""
+from rosefast._native import native_lock
 
 FIELDS = ("token_ids", "text", "finished", "finish_reason")
 
@@ -11,6 +12,18 @@ def check_delta(token_ids, text, finish_reason):
         raise TypeError(f"chunk token_ids must be a list or tuple, not {type(token_ids).__name__}")
     if finish_reason is not None and not isinstance(finish_reason, str):
         raise TypeError(f"chunk finish_reason must be str or None, not {type(finish_reason).__name__}")
+
+
+def plain_delta(token_ids, text, finish_reason):
+    """A checked delta as exact builtin types: a list, a str, None or a str. Subclasses become plain values
+    here (str(x) may return the subclass itself; str.__str__ does not), so nothing later runs their code."""
+    if type(token_ids) is not list and type(token_ids) is not tuple:
+        token_ids = list(token_ids)
+    if type(text) is not str:
+        text = str.__str__(text)
+    if finish_reason is not None and type(finish_reason) is not str:
+        finish_reason = str.__str__(finish_reason)
+    return token_ids, text, finish_reason
 
 
 def chunk_fields(chunk):
@@ -49,9 +62,12 @@ class StreamChunk:
 
 
 class StreamOutputCollector:
-    __slots__ = ("_ids", "_text", "_pieces", "_finished", "_reason", "_has", "_error", "merges")
+    __slots__ = ("_ids", "_text", "_pieces", "_finished", "_reason", "_has", "_error", "merges", "_lock")
 
     def __init__(self):
+        # The engine thread puts while a consumer takes. The compiled twin's calls are GIL-atomic; Python
+        # bytecode can switch threads mid-call (a put between a take's read and its reset), so serialize.
+        self._lock = native_lock()
         self._ids = None
         self._text = None
         self._pieces = None   # None until the first merge: the common depth-1 case never builds it
@@ -63,25 +79,36 @@ class StreamOutputCollector:
 
     def put(self, token_ids, text, finished, finish_reason):
         """Store or merge one delta; True when the collector went from empty to ready."""
-        check_delta(token_ids, text, finish_reason)
-        if not self._has:
-            self._ids = list(token_ids)
-            self._text = text
-            self._finished = bool(finished)
-            self._reason = finish_reason
-            self._has = True
-            return self._error is None
-        self._ids.extend(token_ids)
-        if self._pieces is None:
-            self._pieces = [self._text, text]
-        else:
-            self._pieces.append(text)
-        if finished:
-            self._finished = True
-        if finish_reason:
-            self._reason = finish_reason
-        self.merges += 1
-        return False
+        if type(text) is not str or (type(token_ids) is not list and type(token_ids) is not tuple) \
+                or (finish_reason is not None and type(finish_reason) is not str):
+            # Outside the lock: a subclass's code (iteration, __str__) runs here, never under it.
+            check_delta(token_ids, text, finish_reason)
+            token_ids, text, finish_reason = plain_delta(token_ids, text, finish_reason)
+        if finished is not True and finished is not False:
+            finished = bool(finished)
+        lock = self._lock
+        lock.acquire()   # not `with`: its __exit__ call costs twice the pair
+        try:
+            if not self._has:
+                self._ids = list(token_ids)
+                self._text = text
+                self._finished = finished
+                self._reason = finish_reason
+                self._has = True
+                return self._error is None
+            self._ids.extend(token_ids)
+            if self._pieces is None:
+                self._pieces = [self._text, text]
+            else:
+                self._pieces.append(text)
+            if finished:
+                self._finished = True
+            if finish_reason:
+                self._reason = finish_reason
+            self.merges += 1
+            return False
+        finally:
+            lock.release()
 
     def put_nowait(self, chunk, /):
         """Store or merge `chunk` (any object with the four fields); True when it became ready."""
@@ -91,22 +118,29 @@ class StreamOutputCollector:
         """Fail the stream: the consumer gets `exc` raised after the chunk already waiting."""
         if not isinstance(exc, BaseException):
             raise TypeError(f"put_error needs an exception, not {type(exc).__name__}")
-        was_ready = self._has or self._error is not None
-        self._error = exc
-        return not was_ready
+        with self._lock:
+            was_ready = self._has or self._error is not None
+            self._error = exc
+            return not was_ready
 
     def get_nowait(self):
         """The waiting (merged) chunk as a fresh object the consumer owns, or None."""
-        if not self._has:
-            if self._error is not None:
-                raise self._error
-            return None
-        text = self._text if self._pieces is None else "".join(self._pieces)
-        chunk = StreamChunk(self._ids, text, self._finished, self._reason)
-        self._ids = self._text = self._pieces = self._reason = None
-        self._finished = False
-        self._has = False
-        return chunk
+        lock = self._lock
+        lock.acquire()
+        try:
+            if not self._has:
+                if self._error is not None:
+                    raise self._error
+                return None
+            ids, text, pieces = self._ids, self._text, self._pieces
+            finished, reason = self._finished, self._reason
+            self._ids = self._text = self._pieces = self._reason = None
+            self._finished = False
+            self._has = False
+        finally:
+            lock.release()
+        # Built outside the lock: the state is this call's alone now.
+        return StreamChunk(ids, text if pieces is None else "".join(pieces), finished, reason)
 
     @property
     def ready(self):

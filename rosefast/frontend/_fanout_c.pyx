@@ -56,9 +56,9 @@ cdef class FanOut:
                 self.dropped += 1
                 continue
             fin = False if finished is None else bool(<object>PyList_GET_ITEM(finished, i))
-            if (<StreamOutputCollector>found)._put(
-                    <object>PyList_GET_ITEM(token_ids, i), <object>PyList_GET_ITEM(texts, i), fin,
-                    None if finish_reasons is None else <object>PyList_GET_ITEM(finish_reasons, i)) == 1:
+            if (<StreamOutputCollector>found)._put(   # borrowed from the step's lists, which this call holds
+                    PyList_GET_ITEM(token_ids, i), PyList_GET_ITEM(texts, i), fin,
+                    <PyObject *>None if finish_reasons is None else PyList_GET_ITEM(finish_reasons, i)) == 1:
                 PyList_Append(ready, rid)
         return ready
 
