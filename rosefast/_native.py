@@ -6,11 +6,11 @@ _cache = {}
 
 def _original(module, name):
     """The unpatched function (looked up once: it is native whether or not gevent patches later)."""
-    fn = _cache.get(name)
+    fn = _cache.get((module, name))
     if fn is None:
         monkey = sys.modules.get("gevent.monkey")
         fn = monkey.get_original(module, name) if monkey is not None else getattr(__import__(module), name)
-        _cache[name] = fn
+        _cache[module, name] = fn
     return fn
 
 

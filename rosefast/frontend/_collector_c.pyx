@@ -6,10 +6,10 @@ a merge is a type check and a few pointer stores; the list and the string are bu
 Each call is GIL-atomic: no Python code runs between reading and updating the state.
 """
 from cpython.list cimport PyList_New, PyList_SET_ITEM
-from cpython.ref cimport Py_DECREF, Py_INCREF, PyObject
+from cpython.ref cimport PyObject
 from libc.string cimport memcpy
 
-from rosefast.frontend._collector_py import check_delta, chunk_fields, chunk_repr, chunks_equal, plain_delta
+from rosefast.frontend._collector_py import chunk_fields, chunk_repr, chunks_equal, plain_delta
 
 
 cdef extern from "ptrvec.h":
@@ -39,8 +39,6 @@ cdef extern from "Python.h":
     Py_ssize_t _seq_size "PySequence_Fast_GET_SIZE" (PyObject *)
     PyObject **_seq_items "PySequence_Fast_ITEMS" (PyObject *)
     object PyUnicode_New(Py_ssize_t size, unsigned int maxchar)
-    int PyUnicode_KIND(object)
-    void *PyUnicode_DATA(object)
 
 
 cdef class StreamChunk:
@@ -117,10 +115,9 @@ cdef class StreamOutputCollector:
 
     cdef int _put_other(self, object token_ids, object text, bint finished, object finish_reason) except -1:
         """The rare delta that is not exactly (list | tuple, str, None | str): checked, then read as plain types.
-        It takes its own references first: the checks and the conversions may run Python code."""
-        cdef object ids = token_ids, piece = text, reason = finish_reason
-        check_delta(ids, piece, reason)      # raises for the wrong types
-        ids, piece, reason = plain_delta(ids, piece, reason)
+        plain_delta's frame holds its own references while the checks and conversions run Python code."""
+        cdef object ids, piece, reason
+        ids, piece, reason = plain_delta(token_ids, text, finish_reason)   # raises for the wrong types
         return _merge(self, <PyObject *>ids, <PyObject *>piece, finished, <PyObject *>reason)
 
     cdef int _put(self, PyObject *token_ids, PyObject *text, bint finished, PyObject *finish_reason) except -1:
@@ -174,8 +171,8 @@ cdef class StreamOutputCollector:
             self._pieces.len = 0
             return text
         text = PyUnicode_New(self._text_len, self._maxchar)  # a str is not GC-tracked: no Python code runs
-        kind = PyUnicode_KIND(text)
-        data = <char *>PyUnicode_DATA(text)
+        kind = _kind(<PyObject *>text)
+        data = _data(<PyObject *>text)
         for i in range(n):
             # Decode pieces are a few code points: copied (or widened) here, not through a C API call each.
             piece = <PyObject *>self._pieces.items[i]

@@ -15,8 +15,10 @@ def check_delta(token_ids, text, finish_reason):
 
 
 def plain_delta(token_ids, text, finish_reason):
-    """A checked delta as exact builtin types: a list, a str, None or a str. Subclasses become plain values
-    here (str(x) may return the subclass itself; str.__str__ does not), so nothing later runs their code."""
+    """A delta checked (TypeError for the wrong types) and read as exact builtins: a list or tuple, a str,
+    None or a str. Subclasses become plain values here (str(x) may return the subclass itself; str.__str__
+    does not), so nothing later runs their code."""
+    check_delta(token_ids, text, finish_reason)
     if type(token_ids) is not list and type(token_ids) is not tuple:
         token_ids = list(token_ids)
     if type(text) is not str:
@@ -82,7 +84,6 @@ class StreamOutputCollector:
         if type(text) is not str or (type(token_ids) is not list and type(token_ids) is not tuple) \
                 or (finish_reason is not None and type(finish_reason) is not str):
             # Outside the lock: a subclass's code (iteration, __str__) runs here, never under it.
-            check_delta(token_ids, text, finish_reason)
             token_ids, text, finish_reason = plain_delta(token_ids, text, finish_reason)
         if finished is not True and finished is not False:
             finished = bool(finished)
