@@ -76,3 +76,59 @@ def test_producer_step_lists_are_not_mutated(fan):
     fan.publish(["a"], ids, ["x"])
     fan.publish(["a"], [[3]], ["y"])
     assert ids == [[1, 2]]
+
+
+class _Finished:
+    """A `finished` entry whose truth test runs Python code in the middle of a publish."""
+
+    def __init__(self, action):
+        self.action = action
+
+    def __bool__(self):
+        self.action()
+        return False
+
+
+def test_step_lists_emptied_during_publish_stop_it_safely(fan):
+    """Python code run by a publish (here a `finished` entry's __bool__) may empty the step's lists: the
+    delta already read is delivered and the loop stops where the request ids end, without reading past them
+    (the compiled loop once read entries by their original count)."""
+    a, b = fan.register("a"), fan.register("b")
+    rids, ids, texts = ["a", "b"], [[1], [2]], ["x", "y"]
+
+    def empty_all():
+        for lst in (rids, ids, texts, finished):
+            del lst[:]
+
+    finished = [_Finished(empty_all), False]
+    assert fan.publish(rids, ids, texts, finished) == ["a"]
+    assert a.get_nowait().token_ids == [1] and b.get_nowait() is None
+
+
+def test_delta_lists_emptied_during_publish_raise_index_error(fan):
+    a, b = fan.register("a"), fan.register("b")
+    ids, texts = [[1], [2]], ["x", "y"]
+
+    def empty_deltas():
+        del ids[:]
+        del texts[:]
+
+    with pytest.raises(IndexError):
+        fan.publish(["a", "b"], ids, texts, [_Finished(empty_deltas), False])
+    assert a.get_nowait().text == "x" and b.get_nowait() is None
+
+
+def test_collector_unregistered_during_its_own_put_is_not_used_after_free(fan, flavour):
+    """The publish holds the collector it found while Python code runs: unregistering (the only other
+    reference) mid-put must not free it under the put, which would then write into whatever reuses
+    its memory (here a fresh collector, allocated right after)."""
+    fan.register("a")
+    fresh = []
+
+    def drop_and_reuse():
+        fan.unregister("a")
+        fresh.extend(fan.collector_type() for _ in range(8))
+
+    assert fan.publish(["a"], [[1]], ["x"], [_Finished(drop_and_reuse)]) == ["a"]
+    assert "a" not in fan
+    assert not any(c.ready for c in fresh)

@@ -42,25 +42,47 @@ cdef class FanOut:
                        list finish_reasons=None):
         cdef Py_ssize_t i, n = PyList_GET_SIZE(request_ids)
         cdef PyObject *found
+        cdef PyObject *fin
         cdef object rid
+        cdef StreamOutputCollector collector
         cdef list ready = []
-        cdef bint fin
         if PyList_GET_SIZE(token_ids) != n or PyList_GET_SIZE(texts) != n \
                 or (finished is not None and PyList_GET_SIZE(finished) != n) \
                 or (finish_reasons is not None and PyList_GET_SIZE(finish_reasons) != n):
             check_step(request_ids, token_ids, texts, finished, finish_reasons)
         for i in range(n):
+            # Python code may run inside the loop (a request id's __eq__, a `finished` entry's __bool__, a
+            # subclass's conversion) and change the lists: every read is checked against their size now.
+            if i >= PyList_GET_SIZE(request_ids):
+                break
             rid = <object>PyList_GET_ITEM(request_ids, i)
             found = PyDict_GetItem(self._collectors, rid)
             if found is NULL:
                 self.dropped += 1
                 continue
-            fin = False if finished is None else bool(<object>PyList_GET_ITEM(finished, i))
-            if (<StreamOutputCollector>found)._put(   # borrowed from the step's lists, which this call holds
-                    PyList_GET_ITEM(token_ids, i), PyList_GET_ITEM(texts, i), fin,
+            collector = <StreamOutputCollector>found   # held: unregistering it mid-put must not free it
+            if i >= PyList_GET_SIZE(token_ids) or i >= PyList_GET_SIZE(texts) \
+                    or (finished is not None and i >= PyList_GET_SIZE(finished)) \
+                    or (finish_reasons is not None and i >= PyList_GET_SIZE(finish_reasons)):
+                raise IndexError(f"publish: the step's lists shrank while entry {i} was published")
+            fin = <PyObject *>False if finished is None else PyList_GET_ITEM(finished, i)
+            if fin != <PyObject *>True and fin != <PyObject *>False:
+                if self._put_owned(collector, i, token_ids, texts, <object>fin, finish_reasons) == 1:
+                    PyList_Append(ready, rid)
+            elif collector._put(   # borrowed from the step's lists, which this call holds (the collector's
+                    # rare-type path takes its own references before it runs Python code)
+                    PyList_GET_ITEM(token_ids, i), PyList_GET_ITEM(texts, i), fin == <PyObject *>True,
                     <PyObject *>None if finish_reasons is None else PyList_GET_ITEM(finish_reasons, i)) == 1:
                 PyList_Append(ready, rid)
         return ready
+
+    cdef int _put_owned(self, StreamOutputCollector collector, Py_ssize_t i, list token_ids, list texts,
+                        object finished, list finish_reasons) except -1:
+        """Entry i's delta when its `finished` is not a bool: the fields are held here before its truth is
+        taken (which may run Python code that changes the lists)."""
+        cdef object flag = finished, ids = token_ids[i], text = texts[i]
+        cdef object reason = None if finish_reasons is None else finish_reasons[i]
+        return collector._put(<PyObject *>ids, <PyObject *>text, bool(flag), <PyObject *>reason)
 
     def publish_error(self, request_ids, exc):
         return fail_streams(self._collectors, request_ids, exc)
