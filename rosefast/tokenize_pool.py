@@ -28,7 +28,6 @@ class TokenizePool:
     called from a worker thread."""
 
     def __init__(self, tokenizer, workers, on_done, on_error):
-        self._tokenizer = tokenizer
         self._encode_batch = batch_encoder(tokenizer)
         self._queue = _queue.SimpleQueue()     # native: a greenlet's put wakes a native worker
         self._on_done, self._on_error = on_done, on_error
@@ -70,7 +69,7 @@ class TokenizePool:
         now = time.perf_counter()
         for i, (rid, prompt) in enumerate(batch):
             try:
-                ids = encoded[i] if encoded is not None else self._tokenizer(prompt)["input_ids"]
+                ids = encoded[i] if encoded is not None else self._encode_batch([prompt])[0]
             except Exception as e:  # noqa: BLE001
                 log.warning("tokenization failed for request %s: %r", rid, e)
                 self._on_error(rid, EngineError(f"tokenization failed: {e}"))

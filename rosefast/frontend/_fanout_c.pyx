@@ -67,7 +67,9 @@ cdef class FanOut:
                 raise IndexError(f"publish: the step's lists shrank while entry {i} was published")
             fin = <PyObject *>False if finished is None else PyList_GET_ITEM(finished, i)
             if fin != <PyObject *>True and fin != <PyObject *>False:
-                if self._put_owned(collector, i, token_ids, texts, <object>fin, finish_reasons) == 1:
+                # its truth may run Python code: the collector's Python-level put holds the fields first
+                if collector.put(token_ids[i], texts[i], <object>fin,
+                                 None if finish_reasons is None else finish_reasons[i]):
                     PyList_Append(ready, rid)
             elif collector._put(   # borrowed from the step's lists, which this call holds (the collector's
                     # rare-type path takes its own references before it runs Python code)
@@ -75,14 +77,6 @@ cdef class FanOut:
                     <PyObject *>None if finish_reasons is None else PyList_GET_ITEM(finish_reasons, i)) == 1:
                 PyList_Append(ready, rid)
         return ready
-
-    cdef int _put_owned(self, StreamOutputCollector collector, Py_ssize_t i, list token_ids, list texts,
-                        object finished, list finish_reasons) except -1:
-        """Entry i's delta when its `finished` is not a bool: the fields are held here before its truth is
-        taken (which may run Python code that changes the lists)."""
-        cdef object flag = finished, ids = token_ids[i], text = texts[i]
-        cdef object reason = None if finish_reasons is None else finish_reasons[i]
-        return collector._put(<PyObject *>ids, <PyObject *>text, bool(flag), <PyObject *>reason)
 
     def publish_error(self, request_ids, exc):
         return fail_streams(self._collectors, request_ids, exc)
