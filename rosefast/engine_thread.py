@@ -1,31 +1,36 @@
-"""The engine loop, in a native OS thread: takes new requests and aborts from a native queue, runs
-`LLMEngine.step()`, detokenizes, and hands each step's output to the fan-out with one wakeup.
+"""The engine loop, in a native OS thread: builds the engine from its config, takes new requests and
+aborts from a native queue, runs `LLMEngine.step()`, detokenizes, and sends each step's output through
+the outbox with one wakeup.
 
 It sleeps on the queue when idle (no polling) and every torch call, model loading included, happens
 on this thread.
 """
 import _queue
-import logging
 import time
 
 from rosefast._native import native_lock, start_native_thread
 from rosefast.detok import IncrementalDetokenizer
 from rosefast.errors import EngineError, ShutdownError
+from rosefast.outbox import StepBatch
 
-log = logging.getLogger("rosefast.manager")
 _STOP = ("stop",)
 
 
 class EngineThread:
-    def __init__(self, engine_factory, fanout, waker, on_finished, timing=None, before_step=None):
-        self._factory = engine_factory    # () -> (LLMEngine, tokenizer), run on this thread
-        self._fanout, self._waker = fanout, waker
-        self._tokenizer = None
-        self._on_finished = on_finished   # (request_id) -> None: called once per request that ends here
-        self._timing = timing             # dict request_id -> RequestTiming, or None
-        self._before_step = before_step   # hook(step_number, request_ids), after scheduling: fault injection
+    """`EngineThread(config, requests, outbox, ...)`: `requests` is the manager's RequestTable (outputs are
+    matched to their records by id), `outbox` where they go. `tokenizer` replaces the model's own,
+    `wrap_tokenizer(tokenizer)` wraps it (fault injection), `before_step` goes to the engine, and
+    `on_ready()` runs on this thread once everything is loaded, before the first request is taken."""
+
+    def __init__(self, config, requests, outbox, *, tokenizer=None, wrap_tokenizer=None, before_step=None,
+                 on_ready=None):
+        self.config = config
+        self._requests, self._outbox = requests, outbox
+        self._tokenizer_override, self._wrap_tokenizer = tokenizer, wrap_tokenizer
+        self._before_step, self._on_ready = before_step, on_ready
         self._queue = _queue.SimpleQueue()
-        self._detoks = {}
+        self.model = None        # the ResolvedModel, the tokenizer and the engine, once loaded
+        self.tokenizer = None
         self.engine = None
         self.load_error = None
         self._ready = native_lock()
@@ -48,16 +53,11 @@ class EngineThread:
             raise self.load_error
         return True
 
-    @property
-    def open_requests(self):
-        """Requests the engine thread is detokenizing (admitted and not finished)."""
-        return len(self._detoks)
+    def submit(self, record, prompt_ids):
+        self._queue.put(("add", record, prompt_ids))
 
-    def submit(self, request_id, prompt_ids, params):
-        self._queue.put(("add", request_id, prompt_ids, params))
-
-    def abort(self, request_id):
-        self._queue.put(("abort", request_id))
+    def abort(self, record):
+        self._queue.put(("abort", record))
 
     def close(self, timeout=10.0):
         self._queue.put(_STOP)
@@ -70,28 +70,40 @@ class EngineThread:
 
     # -- the thread ----------------------------------------------------------------------------------
 
+    def _load(self):
+        from rosefast.engine.llm_engine import LLMEngine
+        from rosefast.models import load_tokenizer
+
+        engine = LLMEngine(self.config, before_step=self._before_step)
+        tokenizer = self._tokenizer_override or load_tokenizer(engine.model)
+        if self._wrap_tokenizer is not None:
+            tokenizer = self._wrap_tokenizer(tokenizer)
+        self.model, self.tokenizer = engine.model, tokenizer
+        self._decoder = tokenizer.backend_tokenizer
+        if self._on_ready is not None:
+            self._on_ready()
+        self.engine = engine
+
     def _run(self):
         try:
-            engine, tokenizer = self._factory()
-            self._tokenizer = tokenizer.backend_tokenizer
-            engine.before_step = self._before_step
-            self.engine = engine
+            self._load()
         except BaseException as e:  # noqa: BLE001 - handed to the thread that started us
             self.load_error = e
             self._ready.release()
             self._exited.release()
             return
         self._ready.release()
+        engine = self.engine
         try:
             while True:
-                item = self._queue.get() if not self.engine.has_unfinished() else self._next_nowait()
+                item = self._queue.get() if not engine.has_unfinished() else self._next_nowait()
                 while item is not None:
                     if item is _STOP:
                         self._fail_all(ShutdownError("the server is shutting down"))
                         return
                     self._handle(item)
                     item = self._next_nowait()
-                if self.engine.has_unfinished():
+                if engine.has_unfinished():
                     self._step()
         finally:
             self._exited.release()
@@ -103,75 +115,55 @@ class EngineThread:
             return None
 
     def _handle(self, item):
+        record = item[1]
         if item[0] == "add":
-            _, rid, ids, params = item
-            try:
-                self.engine.add_request(ids, params, request_id=rid)
-            except (ValueError, TypeError) as e:
-                self._fail(rid, e)
+            if record.finished:          # aborted (or failed) while it waited for this thread
                 return
-            self._detoks[rid] = IncrementalDetokenizer(self._tokenizer, ids, params.stop,
-                                                       params.include_stop_str_in_output)
+            ids = item[2]
+            try:
+                self.engine.add_request(ids, record.params, request_id=record.id)
+            except (ValueError, TypeError) as e:
+                self._outbox.fail([record], e)
+                return
+            record.detok = IncrementalDetokenizer(self._decoder, ids, record.params.stop,
+                                                  record.params.include_stop_str_in_output)
         else:
-            rid = item[1]
-            self.engine.abort(rid)
-            if self._detoks.pop(rid, None) is not None or rid in self._fanout:
-                self._waker.wake(self._fanout.publish([rid], [[]], [""], [True], ["abort"]))
-            self._on_finished(rid)
-
-    def _fail(self, rid, exc):
-        self._detoks.pop(rid, None)
-        self._waker.wake(self._fanout.publish_error([rid], exc))
-        self._on_finished(rid)
+            self.engine.abort(record.id)
+            if not record.finished:
+                self._outbox.end([record], "abort")
 
     def _fail_all(self, exc):
-        for rid in list(self._detoks):
-            self.engine.abort(rid)
-            self._fail(rid, exc)
+        records = [r for r in self._requests.open() if r.detok is not None]
+        for record in records:
+            self.engine.abort(record.id)
+        self._outbox.fail(records, exc)
 
     def _step(self):
         engine = self.engine
-        try:
-            outputs = engine.step()
-        except Exception as e:  # noqa: BLE001 - fail this step's requests, keep serving the rest
-            log.error("engine step %d failed: %r", engine.steps, e, exc_info=True)
-            # a failure before anything was scheduled fails everything open: never spin on it
-            failed = list(engine.last_scheduled) or list(engine.seqs)
-            engine.last_scheduled = []
-            for rid in failed:
-                engine.abort(rid)
-                self._fail(rid, EngineError(f"engine step failed: {e!r}"))
-            return
+        result = engine.step()
+        requests = self._requests
+        if result.failed:
+            failed = [r for r in map(requests.get, result.failed) if r is not None and not r.finished]
+            self._outbox.fail(failed, EngineError(f"engine step failed: {result.error!r}"))
         now = time.perf_counter()
-        rids, ids, texts, finished, reasons = [], [], [], [], []
-        timing = self._timing
-        for out in outputs:
-            rid = out.request_id
-            detok = self._detoks.get(rid)
-            if detok is None:
+        step = StepBatch()
+        for out in result.outputs:
+            record = requests.get(out.request_id)
+            if record is None or record.detok is None:   # its consumer is gone, or it was aborted
                 continue
+            detok = record.detok
             text = detok.step(out.new_token_ids)
             done, reason = out.finished, out.finish_reason
             if detok.stopped and not done:
-                engine.abort(rid)
+                engine.abort(record.id)
                 done, reason = True, "stop"
-            if done:
-                if not detok.stopped:
-                    text += detok.flush()
-                del self._detoks[rid]
-            if timing is not None:
-                t = timing.get(rid)
-                if t is not None:
-                    if out.scheduled_at is not None:
-                        t.scheduled, t.first_token = out.scheduled_at, now
-                    t.token_times.extend([now] * len(out.new_token_ids))
-                    t.finish_reason = reason
-            rids.append(rid)
-            ids.append(out.new_token_ids)
-            texts.append(text)
-            finished.append(done)
-            reasons.append(reason)
-            if done:
-                self._on_finished(rid)
-        if rids:
-            self._waker.wake(self._fanout.publish(rids, ids, texts, finished, reasons))
+            if done and not detok.stopped:
+                text += detok.flush()
+            t = record.timing
+            if t is not None:
+                if out.scheduled_at is not None:
+                    t.scheduled, t.first_token = out.scheduled_at, now
+                t.token_times.extend([now] * len(out.new_token_ids))
+                t.finish_reason = reason
+            step.add(record, out.new_token_ids, text, done, reason)
+        self._outbox.send(step)

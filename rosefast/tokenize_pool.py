@@ -24,8 +24,8 @@ def batch_encoder(tokenizer):
 
 
 class TokenizePool:
-    """`submit(request_id, prompt)`; `on_done(request_id, ids, t_done)` / `on_error(request_id, exc)` are
-    called from a worker thread."""
+    """`submit(record, prompt)`; `on_done(record, ids, t_done)` / `on_error(record, exc)` are called from a
+    worker thread (a record is the request's rosefast.request.Request)."""
 
     def __init__(self, tokenizer, workers, on_done, on_error):
         self._encode_batch = batch_encoder(tokenizer)
@@ -38,8 +38,8 @@ class TokenizePool:
             self._exited.append(done)
             start_native_thread(self._run, done)
 
-    def submit(self, request_id, prompt):
-        self._queue.put((request_id, prompt))
+    def submit(self, record, prompt):
+        self._queue.put((record, prompt))
 
     def _run(self, done):
         try:
@@ -67,14 +67,14 @@ class TokenizePool:
         except Exception:  # noqa: BLE001 - find the culprit one by one, fail only it
             encoded = None
         now = time.perf_counter()
-        for i, (rid, prompt) in enumerate(batch):
+        for i, (record, prompt) in enumerate(batch):
             try:
                 ids = encoded[i] if encoded is not None else self._encode_batch([prompt])[0]
             except Exception as e:  # noqa: BLE001
-                log.warning("tokenization failed for request %s: %r", rid, e)
-                self._on_error(rid, EngineError(f"tokenization failed: {e}"))
+                log.warning("tokenization failed for request %s: %r", record.id, e)
+                self._on_error(record, EngineError(f"tokenization failed: {e}"))
                 continue
-            self._on_done(rid, ids, now)
+            self._on_done(record, ids, now)
 
     def close(self, timeout=5.0):
         for _ in self._exited:

@@ -16,23 +16,8 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class ServerConfig:
-    # the engine (see rosefast.config.EngineConfig for what each does)
-    model: str = "smollm2-135m"
-    device: str = "auto"
-    dtype: str = "auto"
-    block_size: int = 16
-    kv_cache_tokens: int = 0
-    kv_memory_fraction: float = 0.10
-    max_model_len: int = 0
-    max_batch_size: int = 64
-    prefill_max_batch_size: int = 16
-    max_num_batched_tokens: int = 2048
-    max_active_requests: int = 0
-    enable_prefix_cache: bool = True
-    cuda_graph: bool = True
-    seed: int = 0
-    num_threads: int = 0
+class ServerConfig(EngineConfig):
+    """The engine's fields (EngineConfig's, with its defaults and checks), then the server's own."""
     # the serving core
     max_inflight_requests: int = 256     # past this, 429 at once (0: unlimited)
     tokenize_workers: int = 2            # native threads encoding prompts off the request path
@@ -52,8 +37,7 @@ class ServerConfig:
         return {int(x) for x in self.fault_steps.split(",") if x.strip()}
 
     def engine_config(self):
-        names = {f.name for f in fields(EngineConfig)}
-        return EngineConfig(**{k: v for k, v in self.__dict__.items() if k in names})
+        return EngineConfig(**{f.name: getattr(self, f.name) for f in fields(EngineConfig)})
 
 
 def _parse(field, raw):
@@ -84,7 +68,11 @@ def server_config_from_env(environ=None):
         raw = environ.get(PREFIX + f.name.upper())
         if raw is not None:
             values[f.name] = _parse(f, raw)
-    config = ServerConfig(**values)
+    try:
+        config = ServerConfig(**values)
+    except ValueError as e:   # EngineConfig's checks name the field first
+        field = str(e).split(" ", 1)[0]
+        raise ConfigError(f"{PREFIX}{field.upper()}: {e}") from None
     for name in ("max_inflight_requests", "tokenize_workers", "max_body_bytes", "max_tokens_cap",
                  "default_max_tokens", "retry_after_seconds"):
         value = getattr(config, name)
@@ -95,11 +83,6 @@ def server_config_from_env(environ=None):
         config.fault_step_numbers()
     except ValueError:
         raise ConfigError(f"{PREFIX}FAULT_STEPS={config.fault_steps!r} must be comma-separated integers") from None
-    try:
-        config.engine_config()
-    except ValueError as e:
-        field = str(e).split(" ", 1)[0]
-        raise ConfigError(f"{PREFIX}{field.upper()}: {e}") from None
     return config
 
 

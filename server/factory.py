@@ -5,12 +5,13 @@ import logging
 import sys
 import time
 
-from flask import Flask, Response, g, request
+from flask import Flask, g, request
 from werkzeug.exceptions import HTTPException
 
 from rosefast.manager import SchedulerManager
 from server.config import server_config_from_env
-from server.errors import APIError, json_response
+from server.errors import APIError
+from server.faults import fault_hooks
 from server.metrics import Metrics
 
 log = logging.getLogger("rosefast.server")
@@ -67,35 +68,6 @@ class State:
             self.manager.close()
 
 
-def fault_hooks(config):
-    """Fault injection (ROSEFAST_FAULT_*): an engine step that raises, a tokenizer that raises."""
-    hooks = {}
-    steps = config.fault_step_numbers()
-    if steps:
-        def before_step(n, request_ids):
-            if n in steps:
-                raise RuntimeError(f"injected fault in engine step {n}")
-        hooks["before_step"] = before_step
-    marker = config.fault_tokenize_marker
-    if marker:
-        hooks["wrap_tokenizer"] = lambda tokenizer: _FaultyTokenizer(tokenizer, marker)
-    return hooks
-
-
-class _FaultyTokenizer:
-    def __init__(self, tokenizer, marker):
-        self._tokenizer, self._marker = tokenizer, marker
-
-    def __call__(self, text, *args, **kwargs):
-        texts = text if isinstance(text, list) else [text]
-        if any(self._marker in t for t in texts):
-            raise RuntimeError("injected tokenizer fault")
-        return self._tokenizer(text, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._tokenizer, name)
-
-
 def create_app(config=None, start=True):
     """The WSGI app. `config` defaults to the ROSEFAST_* environment (a bad value raises ConfigError)."""
     from server import routes
@@ -117,29 +89,6 @@ def create_app(config=None, start=True):
             if not hmac.compare_digest(given.encode(), expected.encode()):
                 raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
                                "authentication_error", code="invalid_api_key")
-
-    @app.get("/health")
-    def health():
-        m = state.manager
-        if m is not None and m.load_error is not None:
-            return json_response({"status": "error", "error": str(m.load_error)}, 500)
-        if m is None or not m.ready:
-            return json_response({"status": "loading"}, 503)
-        if state.draining:
-            return json_response({"status": "draining"}, 503)
-        return json_response({"status": "ok"})
-
-    @app.get("/v1/models")
-    def models():
-        m = state.manager
-        card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "rosefast"}
-        if m is not None and m.ready:
-            card["max_model_len"] = m.engine.max_model_len
-        return json_response({"object": "list", "data": [card]})
-
-    @app.get("/metrics")
-    def metrics():
-        return Response(state.metrics.render(), mimetype="text/plain; version=0.0.4")
 
     def _answer(e):
         """Every error response goes out here: counted once, with an OpenAI body."""

@@ -5,32 +5,28 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-# (family, name, help, read): read from the manager, or from its engine once loaded, at scrape time
+# (family, name, help, key): read from manager.stats(), or from engine.stats() once loaded, at scrape time
 MANAGER_LIVE = (
-    (GaugeMetricFamily, "rosefast_inflight_requests", "requests holding an admission slot",
-     lambda m: m.admission.inflight),
-    (CounterMetricFamily, "rosefast_admitted", "requests admitted", lambda m: m.admission.accepted_total),
-    (CounterMetricFamily, "rosefast_rejected", "requests refused with 429", lambda m: m.admission.rejected_total),
-    (CounterMetricFamily, "rosefast_tokenized_prompts", "prompts encoded", lambda m: m.tokenized_total),
+    (GaugeMetricFamily, "rosefast_inflight_requests", "requests holding an admission slot", "inflight"),
+    (CounterMetricFamily, "rosefast_admitted", "requests admitted", "admitted"),
+    (CounterMetricFamily, "rosefast_rejected", "requests refused with 429", "rejected"),
+    (CounterMetricFamily, "rosefast_tokenized_prompts", "prompts encoded", "tokenized_prompts"),
 )
 ENGINE_LIVE = (
-    (GaugeMetricFamily, "rosefast_kv_blocks_used", "KV cache blocks in use", lambda e: e.block_manager.num_used_blocks),
-    (GaugeMetricFamily, "rosefast_kv_blocks_total", "KV cache blocks", lambda e: e.block_manager.num_blocks),
-    (CounterMetricFamily, "rosefast_prefix_cache_hits", "prefix cache block hits", lambda e: e.block_manager.hits),
-    (CounterMetricFamily, "rosefast_prefix_cache_misses", "prefix cache block misses",
-     lambda e: e.block_manager.misses),
-    (CounterMetricFamily, "rosefast_prefix_cache_evictions", "cached blocks evicted",
-     lambda e: e.block_manager.evictions),
-    (CounterMetricFamily, "rosefast_preemptions", "sequences preempted", lambda e: e.scheduler.preemptions),
-    (CounterMetricFamily, "rosefast_engine_steps", "engine steps run", lambda e: e.steps),
-    (GaugeMetricFamily, "rosefast_running_requests", "sequences in the engine", lambda e: len(e.scheduler.running)),
-    (GaugeMetricFamily, "rosefast_waiting_requests", "sequences waiting for admission to the engine",
-     lambda e: len(e.scheduler.waiting)),
+    (GaugeMetricFamily, "rosefast_kv_blocks_used", "KV cache blocks in use", "kv_blocks_used"),
+    (GaugeMetricFamily, "rosefast_kv_blocks_total", "KV cache blocks", "kv_blocks_total"),
+    (CounterMetricFamily, "rosefast_prefix_cache_hits", "prefix cache block hits", "prefix_cache_hits"),
+    (CounterMetricFamily, "rosefast_prefix_cache_misses", "prefix cache block misses", "prefix_cache_misses"),
+    (CounterMetricFamily, "rosefast_prefix_cache_evictions", "cached blocks evicted", "prefix_cache_evictions"),
+    (CounterMetricFamily, "rosefast_preemptions", "sequences preempted", "preemptions"),
+    (CounterMetricFamily, "rosefast_engine_steps", "engine steps run", "steps"),
+    (GaugeMetricFamily, "rosefast_running_requests", "sequences in the engine", "running"),
+    (GaugeMetricFamily, "rosefast_waiting_requests", "sequences waiting for admission to the engine", "waiting"),
 )
 
 
 class _LiveState:
-    """Reads the manager and engine at scrape time (no bookkeeping on the request path)."""
+    """Reads the manager's and the engine's stats() at scrape time (no bookkeeping on the request path)."""
 
     def __init__(self, state):
         self._state = state
@@ -40,17 +36,19 @@ class _LiveState:
         yield GaugeMetricFamily("rosefast_ready", "1 when the model is loaded", value=int(bool(m and m.ready)))
         if m is None:
             return
-        for family, name, doc, read in MANAGER_LIVE:
-            yield family(name, doc, value=read(m))
-        books = GaugeMetricFamily("rosefast_bookkeeping_entries", "per-request map sizes (0 when idle)",
+        stats = m.stats()
+        for family, name, doc, key in MANAGER_LIVE:
+            yield family(name, doc, value=stats[key])
+        books = GaugeMetricFamily("rosefast_bookkeeping_entries", "what is held per request (0 when idle)",
                                   labels=["map"])
         for name, size in m.bookkeeping().items():
             books.add_metric([name], size)
         yield books
         engine = m.engine
         if engine is not None:
-            for family, name, doc, read in ENGINE_LIVE:
-                yield family(name, doc, value=read(engine))
+            stats = engine.stats()
+            for family, name, doc, key in ENGINE_LIVE:
+                yield family(name, doc, value=stats[key])
 
 
 class Metrics:

@@ -1,4 +1,5 @@
-"""POST /v1/completions and /v1/chat/completions: validate, admit (429 at once), stream or collect."""
+"""The routes: POST /v1/completions and /v1/chat/completions (validate, admit with a 429 at once, stream or
+collect), and GET /health, /v1/models and /metrics."""
 import json
 import logging
 import time
@@ -29,6 +30,34 @@ def _body():
         raise bad_request("invalid JSON: nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"invalid JSON: {e}") from None
+
+
+@bp.get("/health")
+def health():
+    state = _state()
+    m = state.manager
+    if m is not None and m.load_error is not None:
+        return json_response({"status": "error", "error": str(m.load_error)}, 500)
+    if m is None or not m.ready:
+        return json_response({"status": "loading"}, 503)
+    if state.draining:
+        return json_response({"status": "draining"}, 503)
+    return json_response({"status": "ok"})
+
+
+@bp.get("/v1/models")
+def models():
+    state = _state()
+    m = state.manager
+    card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "rosefast"}
+    if m is not None and m.ready:
+        card["max_model_len"] = m.engine.max_model_len
+    return json_response({"object": "list", "data": [card]})
+
+
+@bp.get("/metrics")
+def metrics():
+    return Response(_state().metrics.render(), mimetype="text/plain; version=0.0.4")
 
 
 @bp.post("/v1/completions")
@@ -133,8 +162,8 @@ class _Run:
 
     def _observe(self, chunk):
         now = time.perf_counter()
-        if not self.prompt_tokens:   # known once tokenized, which is before any chunk
-            self.prompt_tokens = self.manager.prompt_tokens(self.rid) or 0
+        if chunk.finished:
+            self.prompt_tokens = chunk.prompt_tokens or 0   # the final chunk carries it
         m = self.state.metrics
         if chunk.token_ids:
             if self.t_first is None:

@@ -38,7 +38,7 @@ def apply(engine, ops, rng):
             engine.abort(live.pop(arg % len(live)))
         else:
             for _ in range(1 + arg % 4):
-                for out in engine.step():
+                for out in engine.step().outputs:
                     if out.finished and out.request_id in live:
                         live.remove(out.request_id)
         check_pool(engine)

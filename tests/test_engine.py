@@ -36,7 +36,7 @@ def drive(engine, arrivals, params=GREEDY):
     while step <= max(arrivals) or engine.has_unfinished():
         for p in arrivals.get(step, []):
             out[engine.add_request(p, params)] = []
-        for o in engine.step():
+        for o in engine.step().outputs:
             out[o.request_id] += o.new_token_ids
             log.append((step, o.request_id, len(o.new_token_ids), o.finished))
         step += 1

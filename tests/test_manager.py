@@ -152,7 +152,7 @@ def test_200_concurrent_requests_from_8_threads_equal_offline(tiny_llama):
         for i, w in enumerate(want):
             ids, text, reason = results[i]
             assert ids == w["token_ids"] and reason == w["finish_reason"]
-        assert m.inflight == 0 and len(m.fanout) == 0
+        assert m.inflight == 0 and len(m.requests) == 0
     finally:
         m.close()
 
@@ -188,21 +188,31 @@ def test_pretokenized_equals_text_path(manager):
     assert collect(manager, manager.add_request(prompt_token_ids=ids, max_tokens=10, temperature=0)) == by_text
 
 
-def test_timestamps_are_ordered_and_popped(manager):
+def test_timestamps_are_ordered_and_forgotten_with_the_record(manager):
     rid = manager.add_request("timing", max_tokens=6, temperature=0, ignore_eos=True)
+    t = manager.timing(rid)
     collect(manager, rid)
-    t = manager.pop_timing(rid)
-    assert t.submit <= t.tokenized or t.tokenized <= t.submit   # inline encode: tokenized is submit
+    assert t.submit == t.tokenized   # inline encode: the ids are ready when add_request returns
     assert t.tokenized <= t.scheduled <= t.first_token == t.token_times[0]
     assert len(t.token_times) == 6 and t.token_times == sorted(t.token_times) and t.prompt_tokens > 0
-    assert manager.pop_timing(rid) is None and rid not in manager._timing
+    assert manager.timing(rid) is None and manager.requests.get(rid) is None
+
+
+def test_timestamps_with_workers_follow_the_stages(tiny_llama):
+    with make_manager(tiny_llama, tokenize_workers=1, record_token_timestamps=True) as m:
+        rid = m.add_request("timing through a worker", max_tokens=3, temperature=0, ignore_eos=True)
+        t = m.timing(rid)
+        collect(m, rid)
+        assert t.submit <= t.tokenized <= t.scheduled <= t.first_token == t.token_times[0]
+        assert t.prompt_tokens == len(m.tokenizer("timing through a worker")["input_ids"])
 
 
 def test_no_timestamps_kept_when_off(tiny_llama):
     m = make_manager(tiny_llama)
     try:
-        collect(m, m.add_request("x", max_tokens=2))
-        assert m._timing is None and m.pop_timing(1) is None
+        rid = m.add_request("x", max_tokens=2)
+        assert m.timing(rid) is None
+        collect(m, rid)
     finally:
         m.close()
 

@@ -135,7 +135,7 @@ def make_manager(args):
                 torch.cuda.nvtx.range_push(f"engine step {n}")
     return SchedulerManager(
         model=_model_spec(args), device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
-        prefill_max_batch_size=args.prefill_max_batch_size, max_active_requests=args.max_active_requests or None,
+        prefill_max_batch_size=args.prefill_max_batch_size, max_active_requests=args.max_active_requests,
         max_inflight_requests=args.max_inflight_requests or None, tokenize_workers=args.tokenize_workers,
         record_token_timestamps=True, enable_prefix_cache=not args.no_prefix_cache,
         cuda_graph=not args.no_cuda_graph, kv_cache_tokens=args.kv_cache_tokens, seed=args.seed,
@@ -156,6 +156,7 @@ def run_inprocess(manager, args, prompts, progress=None):
             if item is None:
                 return
             rid, s = item
+            t = manager.timing(rid)
             try:
                 for chunk in manager.stream(rid):
                     if chunk.token_ids:
@@ -163,7 +164,6 @@ def run_inprocess(manager, args, prompts, progress=None):
                         s.completion_tokens += len(chunk.token_ids)
             except Exception as e:  # noqa: BLE001 - counted, not crashed on
                 s.error = repr(e)
-            t = manager.pop_timing(rid)
             if t is not None:
                 s.tokenized, s.scheduled, s.first_token = t.tokenized, t.scheduled, t.first_token
                 s.token_times, s.prompt_tokens = t.token_times, t.prompt_tokens

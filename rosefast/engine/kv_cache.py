@@ -6,8 +6,7 @@ gathering a batch's blocks then yields [n_kv_heads, B, context, head_dim] with e
 context contiguous, which is what the attention matmuls want — no transpose copy per layer.
 
 The extra last block is scratch: padded slots and padded block-table entries point there, so a padded
-batch (CUDA graphs) never writes into a real sequence's blocks. A persistent gather workspace, shared by
-all layers, avoids allocating (and page-faulting) megabytes per layer per step.
+batch (CUDA graphs) never writes into a real sequence's blocks.
 """
 import logging
 import os
@@ -58,9 +57,6 @@ class KVCache:
         self.data = torch.zeros(args.num_layers, 2, args.num_kv_heads, num_blocks + 1, block_size, args.head_dim,
                                 dtype=dtype, device=device)
         self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(args.num_layers)]
-        for k, v in self.layers:
-            k.workspace = v.workspace = self   # attention finds the shared gather buffers through the pool
-        self._gather = torch.empty(0, dtype=dtype, device=device)
 
     def block_view(self, layer, which=0):
         """The logical pool [num_blocks + 1, block_size, n_kv_heads, head_dim] of one layer (a view)."""
@@ -69,11 +65,3 @@ class KVCache:
     @property
     def scratch_slot(self):
         return self.scratch_block * self.block_size
-
-    def gather_buffers(self, nblocks):
-        """Two [Hkv, nblocks, block_size, D] buffers (K, V), reused by every layer and step."""
-        per = self.num_kv_heads * nblocks * self.block_size * self.head_dim
-        if self._gather.numel() < 2 * per:
-            self._gather = torch.empty(2 * per * 5 // 4, dtype=self._gather.dtype, device=self._gather.device)
-        shape = (self.num_kv_heads, nblocks, self.block_size, self.head_dim)
-        return self._gather[:per].view(shape), self._gather[per:2 * per].view(shape)

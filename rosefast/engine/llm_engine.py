@@ -1,7 +1,7 @@
 """LLMEngine: the engine the serving layer drives, one `step()` at a time; `generate()` for offline use."""
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rosefast.config import EngineConfig
 from rosefast.engine.block_manager import BlockManager
@@ -9,6 +9,7 @@ from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence
+from rosefast.models.sources import resolve_model
 
 log = logging.getLogger("rosefast.engine")
 
@@ -22,18 +23,33 @@ class StepOutput:
     scheduled_at: float = None  # with a request's first token: when its prefill was first scheduled
 
 
+@dataclass
+class StepResult:
+    """What one step did: an output for every request that got a token or ended (those the scheduler cut
+    short for lack of KV room included, finished with "length"), and the requests the step failed."""
+    outputs: list = field(default_factory=list)
+    failed: list = field(default_factory=list)   # request ids, already out of the engine
+    error: BaseException = None                  # why they failed
+
+
 class LLMEngine:
-    def __init__(self, config=None, **kwargs):
+    """The engine the serving layer drives, one `step()` at a time, on one thread.
+
+    `before_step(step_number, request_ids)`, when given, runs after scheduling and before the forward
+    pass (fault injection, profiler ranges); an exception from it fails that step's requests.
+    """
+
+    def __init__(self, config=None, *, before_step=None, **kwargs):
         self.config = config or EngineConfig.from_kwargs(**kwargs)
-        self.runner = ModelRunner(self.config)
+        self.model = resolve_model(self.config.model)   # the config keeps the spec it was given
+        self.runner = ModelRunner(self.config, self.model)
         self.args = self.runner.args
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.kv.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_cache)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.seqs = {}
-        self.last_scheduled = []    # request ids of the step being run (to fail them if it raises)
-        self.before_step = None     # hook(step_number, request_ids) run after scheduling (fault injection)
+        self._before_step = before_step
         self._ids = itertools.count()
         self._tokenizer = None
         self.steps = 0
@@ -43,7 +59,7 @@ class LLMEngine:
         if self._tokenizer is None:
             from rosefast.models import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.config.model)
+            self._tokenizer = load_tokenizer(self.model)
         return self._tokenizer
 
     # -- requests ------------------------------------------------------------------------------------
@@ -87,20 +103,43 @@ class LLMEngine:
     def has_unfinished(self):
         return self.scheduler.has_work()
 
+    def stats(self):
+        """Counters and gauges for monitoring (read from any thread: plain integer reads)."""
+        bm, sched = self.block_manager, self.scheduler
+        return {"kv_blocks_used": bm.num_used_blocks, "kv_blocks_total": bm.num_blocks, "prefix_cache_hits": bm.hits,
+                "prefix_cache_misses": bm.misses, "prefix_cache_evictions": bm.evictions,
+                "preemptions": sched.preemptions, "steps": self.steps, "running": len(sched.running),
+                "waiting": len(sched.waiting), "sequences": len(self.seqs)}
+
     # -- the step ------------------------------------------------------------------------------------
 
     def step(self):
-        """Run one step; a StepOutput for every request that got a token or finished."""
-        self.last_scheduled = []
-        outputs = [StepOutput(s.request_id, [], True, s.finish_reason) for s in self._drain_cut_short()]
-        step = self.scheduler.schedule()
-        outputs += [StepOutput(s.request_id, [], True, s.finish_reason) for s in self._drain_cut_short()]
-        if step is None:
-            return outputs
-        self.steps += 1
-        self.last_scheduled = [s.request_id for s in step.seqs]
-        if self.before_step is not None:
-            self.before_step(self.steps, self.last_scheduled)
+        """Run one step. A failure (the model, the sampler, a before_step hook) fails the step's requests —
+        or, if it came before anything was scheduled, every open request, so that it cannot repeat forever —
+        and is reported in the result; the engine goes on serving the rest."""
+        scheduled = []
+        try:
+            step = self.scheduler.schedule()
+            outputs = [StepOutput(s.request_id, [], True, s.finish_reason) for s in step.cut_short]
+            for seq in step.cut_short:
+                self.seqs.pop(seq.request_id, None)
+            if not step.seqs:
+                return StepResult(outputs)
+            self.steps += 1
+            scheduled = step.seqs
+            if self._before_step is not None:
+                self._before_step(self.steps, [s.request_id for s in scheduled])
+            outputs += self._run(step)
+            return StepResult(outputs)
+        except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the rest
+            log.error("engine step %d failed: %r", self.steps, e, exc_info=True)
+            failed = [s.request_id for s in scheduled] or list(self.seqs)
+            for rid in failed:
+                self.abort(rid)
+            return StepResult([], failed, e)
+
+    def _run(self, step):
+        """Forward, sample, commit: the outputs of the sequences that sampled a token."""
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table)
                   for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)]
@@ -112,6 +151,7 @@ class LLMEngine:
         for seq, n in zip(step.seqs, step.chunks):
             seq.num_cached += n
             self.block_manager.commit(seq)
+        outputs = []
         for i, token in zip(sampling, tokens):
             seq = step.seqs[i]
             seq.token_ids.append(token)
@@ -122,12 +162,6 @@ class LLMEngine:
             first = seq.scheduled_at if seq.num_output_tokens == 1 else None
             outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, first))
         return outputs
-
-    def _drain_cut_short(self):
-        cut, self.scheduler.cut_short = self.scheduler.cut_short, []
-        for seq in cut:
-            self.seqs.pop(seq.request_id, None)
-        return cut
 
     def _finish_reason(self, seq, token):
         if token in seq.stop_ids:
@@ -152,7 +186,10 @@ class LLMEngine:
         results = {rid: {"token_ids": [], "finish_reason": None} for rid in ids}
         with tqdm(total=len(ids), desc="rosefast generate", disable=not use_tqdm, unit="req") as bar:
             while any(results[r]["finish_reason"] is None for r in ids):
-                for out in self.step():
+                result = self.step()
+                if result.error is not None:
+                    raise RuntimeError(f"engine step failed: {result.error!r}") from result.error
+                for out in result.outputs:
                     if out.request_id in results:
                         results[out.request_id]["token_ids"] += out.new_token_ids
                         if out.finished:

@@ -10,7 +10,8 @@ import torch
 from rosefast.engine.device import resolve_device, resolve_dtype
 from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampling import Sampler
-from rosefast.models.layers import AttentionMetadata, rope_cache
+from rosefast.models._kernels_py import GatherWorkspace
+from rosefast.models.layers import AttentionMetadata
 from rosefast.models.loader import load_model
 from rosefast.models.packed import pack_linears
 
@@ -37,11 +38,9 @@ class ModelRunner:
                                  self.args.max_position_embeddings)
         self.block_size = config.block_size
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
-        if self.args.arch == "llama":
-            self.model.rope_cos, self.model.rope_sin = rope_cache(self.args, self.max_model_len, self.dtype,
-                                                                  self.device)
         self.kv = KVCache(self.args, plan_blocks(config, self.args, self.dtype, self.device), self.block_size,
                           self.dtype, self.device)
+        self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
         self.sampler = Sampler(config.seed)
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph:
@@ -85,7 +84,8 @@ class ModelRunner:
 
     def decode_forward(self, input_ids, positions, slot_mapping, block_tables, context_lens):
         """Hidden states [B, hidden] for one decode step; everything it does is capturable in a CUDA graph."""
-        meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens=context_lens)
+        meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens=context_lens,
+                                 workspace=self.workspace)
         return self.model(input_ids, positions, meta, self.kv.layers)
 
     @torch.inference_mode()

@@ -9,7 +9,7 @@ the same).
 """
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rosefast.engine.sequence import SequenceStatus
 
@@ -17,8 +17,9 @@ from rosefast.engine.sequence import SequenceStatus
 @dataclass
 class ScheduledStep:
     is_prefill: bool
-    seqs: list           # the sequences in this step
+    seqs: list           # the sequences in this step (may be empty: nothing can run)
     chunks: list         # prefill: new tokens computed per sequence; decode: 1 each
+    cut_short: list = field(default_factory=list)   # finished now by the scheduler: no KV room to go on
 
     def completes(self, i):
         """Whether sequence i reaches its last token in this step (and so samples a new token)."""
@@ -35,7 +36,6 @@ class Scheduler:
         self.waiting = deque()
         self.running = []
         self.preemptions = 0
-        self.cut_short = []          # finished by the scheduler (no KV room), for the engine to report
         self._decode_next = False
 
     def add(self, seq):
@@ -45,7 +45,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self):
-        """The next step, or None when there is nothing that can run."""
+        """The next step (with no sequences when nothing can run)."""
         decodable = any(not s.in_prefill for s in self.running)
         if not (self._decode_next and decodable):
             step = self._schedule_prefill()
@@ -86,7 +86,7 @@ class Scheduler:
 
     def _schedule_decode(self):
         bm = self.block_manager
-        seqs = []
+        seqs, cut_short = [], []
         for seq in list(self.running):
             if seq.in_prefill or seq.status is not SequenceStatus.RUNNING:
                 continue
@@ -94,7 +94,7 @@ class Scheduler:
                 victim = self._newest_running(exclude=seq)
                 if victim is None:          # alone and still no room: the KV budget is its length limit
                     self.finish(seq, "length")
-                    self.cut_short.append(seq)
+                    cut_short.append(seq)
                     break
                 self.preempt(victim)
                 if victim in seqs:
@@ -102,7 +102,7 @@ class Scheduler:
             if seq.status is SequenceStatus.RUNNING:   # not preempted nor cut short above
                 bm.append_slot(seq)
                 seqs.append(seq)
-        return ScheduledStep(False, seqs, [1] * len(seqs)) if seqs else None
+        return ScheduledStep(False, seqs, [1] * len(seqs), cut_short)
 
     def _newest_running(self, exclude):
         for seq in reversed(self.running):

@@ -1,6 +1,6 @@
 """The path every token crosses on its way to the client: each module compiled, each with a pure twin."""
 from rosefast.frontend import admission, collector, fanout
-from rosefast.frontend._select import NO_EXTENSIONS, is_compiled
+from rosefast._select import NO_EXTENSIONS, is_compiled
 
 ACCELERATED = (admission, collector, fanout)
 

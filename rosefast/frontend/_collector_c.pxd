@@ -13,6 +13,7 @@ cdef class StreamChunk:
     cdef public object text
     cdef public object finished
     cdef public object finish_reason
+    cdef public object prompt_tokens   # on a request's final chunk: its prompt length (set by the manager)
 
 
 cimport cython

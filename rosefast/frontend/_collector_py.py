@@ -51,13 +51,14 @@ def chunk_repr(chunk):
 
 
 class StreamChunk:
-    __slots__ = FIELDS
+    __slots__ = FIELDS + ("prompt_tokens",)
 
     def __init__(self, token_ids, text, finished=False, finish_reason=None):
         self.token_ids = token_ids
         self.text = text
         self.finished = finished
         self.finish_reason = finish_reason
+        self.prompt_tokens = None   # on a request's final chunk: its prompt length (set by the manager)
 
     __eq__ = chunks_equal
     __repr__ = chunk_repr

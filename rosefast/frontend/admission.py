@@ -10,7 +10,7 @@ release). `inflight` is never negative: a release without an acquire raises Runt
 `accepted_total` and `rejected_total` count every decision. Safe from several threads: the compiled
 flavour does each call under the GIL without releasing it; the pure twin takes a native lock.
 """
-from rosefast.frontend._select import select
+from rosefast._select import select
 
 _impl = select("admission")
 AdmissionCounter = _impl.AdmissionCounter

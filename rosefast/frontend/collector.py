@@ -7,9 +7,11 @@
     c.get_nowait()   # None
 
 A chunk has `token_ids` (list or tuple), `text` (str), `finished` (bool) and `finish_reason`
-(str or None). Merging is O(1) amortized: ids are extended in place in a list the collector owns
-(the producer's list is copied once on the way in and never mutated), text is kept as pieces and
-joined once when taken, `finished` is OR-ed and the last non-empty `finish_reason` wins. Merged
+(str or None); `prompt_tokens` is None except on the final chunk a SchedulerManager's stream yields,
+where the manager sets the request's prompt length (the collector never reads or merges it).
+Merging is O(1) amortized: ids are extended in place in a list the collector owns (the producer's
+list is copied once on the way in and never mutated), text is kept as pieces and joined once when
+taken, `finished` is OR-ed and the last non-empty `finish_reason` wins. Merged
 delivery is byte-identical to unmerged delivery. A delta whose text is not a str, or whose ids are
 not a list/tuple, raises TypeError and leaves the waiting chunk as it was; an object missing a
 field raises TypeError naming it. `put_error(exc)` makes the consumer's next `get_nowait()` after
@@ -19,7 +21,7 @@ One producer thread and one consumer: each call is GIL-atomic in both flavours (
 runs between the check and the update in the compiled one; the pure one makes one reference swap
 per take), which is what the engine thread / greenlet split relies on.
 """
-from rosefast.frontend._select import select
+from rosefast._select import select
 
 _impl = select("collector")
 StreamChunk = _impl.StreamChunk

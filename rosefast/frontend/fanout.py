@@ -1,22 +1,21 @@
-"""FanOut: one call per engine step puts every request's new chunk into its collector.
+"""publish: one call per engine step puts every request's new chunk into its collector.
 
-    fan = FanOut()
-    c = fan.register("req-1")                      # a StreamOutputCollector of the same flavour
-    ready = fan.publish(["req-1"], [[42]], ["Hi"], [False], [None])
+    ready = publish(keys, collectors, [[42], [7]], ["Hi", " there"], [False, True], [None, "stop"])
     waker.wake(ready)                              # exactly one wakeup per step, for all of them
-    fan.unregister("req-1")                        # at finish or abort
 
-`publish(request_ids, token_ids, texts, finished=None, finish_reasons=None)` takes the step's
-outputs as parallel lists (None for `finished`/`finish_reasons` means "none finished" for the
-whole step) and returns the ids whose collectors went from empty to ready, in step order. Ids
-that are not registered (aborted a moment ago) are skipped and counted in `dropped`.
-`publish_error(request_ids, exc)` fails those streams. The compiled flavour loops in C and calls
-no Python function per token. Called from the engine thread; register/unregister/get from any
-thread (single dict operations, GIL-atomic).
+`publish(keys, collectors, token_ids, texts, finished=None, finish_reasons=None)` takes the step's
+outputs as parallel lists — a key per entry (what the caller wants back: the engine passes the
+requests' waker signals), the request's StreamOutputCollector, and its delta; None for
+`finished`/`finish_reasons` means "none finished" for the whole step — and returns the keys whose
+collectors went from empty to ready, in step order. `fail(keys, collectors, exc)` fails those streams
+the same way. The fan-out holds no state: the request record (rosefast.request) holds the collector.
+The compiled flavour loops in C and calls no Python function per token; it takes only the compiled
+StreamOutputCollector. Called from the engine thread (and from whichever thread fails a request).
 """
-from rosefast.frontend._select import select
+from rosefast._select import select
 
 _impl = select("fanout")
-FanOut = _impl.FanOut
+publish = _impl.publish
+fail = _impl.fail
 
-__all__ = ["FanOut"]
+__all__ = ["fail", "publish"]

@@ -1,12 +1,13 @@
 """Wakers: how the engine's native thread wakes the consumers whose collectors became ready.
 
-The engine loop calls `wake(ready_ids)` once per step, with what `FanOut.publish` returned; a
-consumer calls `wait(request_id, timeout)` when its collector was empty, then takes the chunk.
+Each request gets a signal (`waker.signal()`, kept in its record); the engine loop calls
+`wake(signals)` once per step, with what `publish` returned; a consumer calls `wait(signal, timeout)`
+when its collector was empty, then takes the chunk. A wakeup before the wait is not lost.
 
-- `ThreadWaker`: consumers are OS threads; each request has a native binary semaphore.
-- `GeventWaker`: consumers are greenlets. Made in the hub's thread; `wake` appends the ids to a
-  deque and sends one libev async-watcher signal (thread-safe, coalesced); the callback, in the
-  hub, sets the gevent Event of each ready request.
+- `ThreadWaker`: consumers are OS threads; a signal is a native binary semaphore.
+- `GeventWaker`: consumers are greenlets; a signal is a gevent Event. Made in the hub's thread; `wake`
+  appends the signals to a deque and sends one libev async-watcher signal (thread-safe, coalesced); the
+  callback, in the hub, sets each of them.
 """
 from collections import deque
 
@@ -14,46 +15,35 @@ from rosefast._native import native_lock
 
 
 class ThreadWaker:
-    """Per-request native semaphores; `wake` releases each ready one."""
+    """Native binary semaphores; `wake` releases each ready one."""
 
     def __init__(self):
-        self._signals = {}
         self.wakes = 0   # wake() calls that had something to wake
 
-    def register(self, request_id):
+    @staticmethod
+    def signal():
         lock = native_lock()
         lock.acquire()
-        self._signals[request_id] = lock
+        return lock
 
-    def unregister(self, request_id):
-        self._signals.pop(request_id, None)
-
-    @property
-    def registered(self):
-        return len(self._signals)
-
-    def wake(self, request_ids):
-        if not request_ids:
+    def wake(self, signals):
+        if not signals:
             return
         self.wakes += 1
-        signals = self._signals
-        for rid in request_ids:
-            lock = signals.get(rid)
-            if lock is not None and lock.locked():
+        for lock in signals:
+            if lock.locked():
                 try:
                     lock.release()
                 except RuntimeError:  # another waker released it first: already signalled
                     pass
 
-    def wait(self, request_id, timeout=None):
+    @staticmethod
+    def wait(signal, timeout=None):
         """Block until woken (True) or `timeout` seconds pass (False); a wake before the wait counts."""
-        lock = self._signals.get(request_id)
-        if lock is None:
-            return True
-        return lock.acquire(True, -1 if timeout is None else timeout)
+        return signal.acquire(True, -1 if timeout is None else timeout)
 
     def close(self):
-        self._signals.clear()
+        pass
 
 
 class GeventWaker:
@@ -66,42 +56,30 @@ class GeventWaker:
         self._event_type = Event
         self._hub = hub or gevent.get_hub()
         self._pending = deque()
-        self._events = {}
         self._watcher = self._hub.loop.async_()
         self._watcher.start(self._on_signal)
         self.wakes = 0       # wake() calls that had something to wake (sends)
         self.callbacks = 0   # hub callbacks run (libev coalesces sends)
 
-    def register(self, request_id):
-        self._events[request_id] = self._event_type()
+    def signal(self):
+        return self._event_type()
 
-    def unregister(self, request_id):
-        self._events.pop(request_id, None)
-
-    @property
-    def registered(self):
-        return len(self._events)
-
-    def wake(self, request_ids):
-        """Called from any thread (normally the engine's): queue the ids, send one signal."""
-        if not request_ids:
+    def wake(self, signals):
+        """Called from any thread (normally the engine's): queue the signals, send one libev signal."""
+        if not signals:
             return
-        self._pending.extend(request_ids)
+        self._pending.extend(signals)
         self.wakes += 1
         self._watcher.send()
 
     def _on_signal(self):
         self.callbacks += 1
-        pending, events = self._pending, self._events
+        pending = self._pending
         while pending:
-            event = events.get(pending.popleft())
-            if event is not None:
-                event.set()
+            pending.popleft().set()
 
-    def wait(self, request_id, timeout=None):
-        event = self._events.get(request_id)
-        if event is None:
-            return True
+    @staticmethod
+    def wait(event, timeout=None):
         woken = event.wait(timeout)
         event.clear()
         return woken
@@ -109,4 +87,3 @@ class GeventWaker:
     def close(self):
         self._watcher.stop()
         self._watcher.close()
-        self._events.clear()

@@ -5,7 +5,9 @@
     out = decode_attention(qkv, H, Hkv, k_cache, v_cache, meta, scale)
     act = silu_mul(gate_up)
 
-Pools are one layer's [Hkv, blocks, block_size, D] (head-major, see rosefast.engine.kv_cache).
+Pools are one layer's [Hkv, blocks, block_size, D] (head-major, see rosefast.engine.kv_cache). The decode
+gather goes into `meta.workspace` (a GatherWorkspace the runner keeps and passes with each step's
+metadata), or into fresh buffers when there is none.
 """
 import torch
 import torch.nn.functional as F
@@ -63,12 +65,36 @@ def _gather_plan(meta, num_kv_heads, k_cache):
     return meta.decode_mask, meta.gather_index
 
 
+class GatherWorkspace:
+    """Two persistent gather buffers (K, V) shared by every layer and step of one runner: allocating (and
+    page-faulting) megabytes per layer per step was measurable."""
+
+    def __init__(self):
+        self._buffer = None
+
+    def buffers(self, shape, dtype, device):
+        per = shape[0] * shape[1] * shape[2] * shape[3]
+        buf = self._buffer
+        if buf is None or buf.numel() < 2 * per or buf.dtype != dtype or buf.device != device:
+            buf = self._buffer = torch.empty(2 * per * 5 // 4, dtype=dtype, device=device)
+        return buf[:per].view(shape), buf[per:2 * per].view(shape)
+
+
+def _gather_buffers(meta, k_cache, nblocks):
+    hkv, _, block_size, D = k_cache.shape
+    shape = (hkv, nblocks, block_size, D)
+    if meta.workspace is None:
+        return (torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device),
+                torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device))
+    return meta.workspace.buffers(shape, k_cache.dtype, k_cache.device)
+
+
 def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale):
     """Gather each (head, sequence) context from the pools, then GQA groups of queries as matmul rows."""
     B, width, D, block_size, _ = decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta)
     mask, index = _gather_plan(meta, num_kv_heads, k_cache)
     n = index.numel()                                                                    # Hkv * B * width
-    k_ctx, v_ctx = k_cache.workspace.gather_buffers(n // num_kv_heads)
+    k_ctx, v_ctx = _gather_buffers(meta, k_cache, n // num_kv_heads)
     # dim-0 gathers of whole (head, block) rows: the fast contiguous-copy path
     torch.index_select(k_cache.view(-1, block_size * D), 0, index, out=k_ctx.view(n, -1))
     torch.index_select(v_cache.view(-1, block_size * D), 0, index, out=v_ctx.view(n, -1))

@@ -9,7 +9,7 @@ and what ROSEFAST_NO_EXTENSIONS=1 selects. Both take and return the same tensors
 """
 import torch
 
-from rosefast.frontend._select import select
+from rosefast._select import select
 from rosefast.models import _kernels_py as reference
 
 _impl = select("kernels", package="rosefast.models")

@@ -18,12 +18,13 @@ class AttentionMetadata:
     context_lens: object = None         # tokens in the cache after this step: prefill a list, decode a [B] tensor
     decode_mask: torch.Tensor = None    # decode, torch twin: [Hkv*B, 1, L] additive mask (built by the first layer)
     gather_index: torch.Tensor = None   # decode, torch twin: [Hkv*B*nb] rows of the [Hkv*blocks, bs*D] pool view
+    workspace: object = None            # decode, torch twin: its GatherWorkspace (None: fresh buffers)
 
 
 def rope_inv_freq(args):
-    """Inverse frequencies [head_dim / 2] for the config's rope_theta and rope scaling."""
+    """Inverse frequencies [head_dim / 2] for the config's rope_theta and rope scaling (on the CPU)."""
     dim = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
     params = dict(args.rope_scaling)
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
@@ -43,13 +44,14 @@ def rope_inv_freq(args):
     raise ModelError(f"Unsupported rope_type {rope_type!r}; supported: default, linear, llama3")
 
 
-def rope_cache(args, max_positions, dtype, device):
-    """cos and sin tables [max_positions, head_dim] (HF's non-interleaved layout: halves repeated)."""
+def rope_cache(args, max_positions):
+    """cos and sin tables [max_positions, head_dim] in fp32 on the CPU (HF's non-interleaved layout: halves
+    repeated); the model keeps them as buffers, cast with its dtype and moved with it."""
     inv_freq = rope_inv_freq(args).to(torch.float32)
-    t = torch.arange(max_positions, dtype=torch.float32)
+    t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
     freqs = torch.outer(t, inv_freq)                      # [P, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)               # [P, D]
-    return emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device)
+    return emb.cos(), emb.sin()
 
 
 def prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):

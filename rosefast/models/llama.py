@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rosefast.models import kernels
-from rosefast.models.layers import attention
+from rosefast.models.layers import attention, rope_cache
 
 
 class LlamaLayer(nn.Module):
@@ -41,7 +41,11 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaLayer(args) for _ in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.rope_cos = self.rope_sin = None   # [P, D] tables, set by the runner (rope_cache)
+        # [P, D] tables for every position the model knows; not weights (no state-dict entry). Computed on
+        # the CPU even while the module is built on the meta device; .to() casts and moves them.
+        cos, sin = rope_cache(args, args.max_position_embeddings)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, input_ids, positions, meta, kv_caches):
         """input_ids, positions: [T] -> hidden states [T, hidden] (before the final norm)."""
