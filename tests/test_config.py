@@ -29,7 +29,15 @@ def test_bad_values_name_the_variable(name, value, message):
         server_config_from_env({name: value})
 
 
-def test_every_variable_is_in_the_readme():
+def test_every_field_has_its_variable_and_its_readme_row_with_the_default():
+    from dataclasses import fields
+
+    from server.config import ServerConfig
+
+    names = {f.name for f in fields(ServerConfig)}
+    assert {f.name for f in fields(EngineConfig)} <= names   # the engine's settings, once, by inheritance
+    assert [v for v, _ in documented_variables()] == ["ROSEFAST_" + f.name.upper() for f in fields(ServerConfig)]
     readme = open("README.md", encoding="utf-8").read()
-    missing = [name for name, _ in documented_variables() if name not in readme]
+    missing = [f"| `{name}` | `{default if default != '' else repr('')}` |" for name, default in documented_variables()]
+    missing = [row for row in missing if row not in readme]
     assert not missing

@@ -296,17 +296,24 @@ def test_startup_objects_frozen_while_serving(manager, tiny_llama):
 
 
 def test_engine_runs_in_a_native_thread_under_gevent(tiny_llama):
+    """Under monkey-patching the engine steps on a native thread of its own, and the hub keeps running
+    greenlets while it does: a ticker greenlet advances between the engine's steps (it could not, were the
+    engine loop a greenlet: it does not yield while it has work)."""
     code = textwrap.dedent(f"""
         from gevent import monkey; monkey.patch_all()
-        import sys, threading, time, gevent
+        import sys, gevent
         sys.setswitchinterval(0.0005)
+        native_id = monkey.get_original("_thread", "get_native_id")
         from rosefast.manager import SchedulerManager
+        ticks, seen = [0], []
+        def before_step(n, request_ids):   # on the engine thread
+            seen.append((native_id(), ticks[0]))
         m = SchedulerManager(model={str(tiny_llama.path)!r}, dtype="float32", kv_cache_tokens=4096, waker="gevent",
-                             tokenize_workers=1)
-        ticks = []
+                             tokenize_workers=1, before_step=before_step)
         def ticker():
             while True:
-                ticks.append(time.perf_counter()); gevent.sleep(0.01)
+                ticks[0] += 1
+                gevent.sleep(0.001)
         t = gevent.spawn(ticker)
         def client(i):
             rid = m.add_request("hello gevent %d" % i, max_tokens=40, temperature=0, ignore_eos=True)
@@ -314,13 +321,46 @@ def test_engine_runs_in_a_native_thread_under_gevent(tiny_llama):
         jobs = [gevent.spawn(client, i) for i in range(8)]
         gevent.joinall(jobs, timeout=60)
         t.kill()
-        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-        print(repr(([j.value for j in jobs], max(gaps), m.waker.wakes, m.engine.steps)))
+        print(repr(([j.value for j in jobs], native_id(), seen, m.waker.wakes, m.engine.steps)))
         m.close()
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
-    values, max_gap, wakes, steps = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    values, hub_thread, seen, wakes, steps = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert values == [40] * 8
-    assert max_gap < 0.5          # the hub kept running: the engine is not a greenlet
-    assert wakes <= steps         # at most one wakeup per engine step
+    engine_threads = {thread for thread, _ in seen}
+    assert len(engine_threads) == 1 and hub_thread not in engine_threads   # one native thread ran every step
+    assert seen[-1][1] > seen[0][1]   # the hub ran greenlets while the engine was busy stepping
+    assert wakes <= steps             # at most one wakeup per engine step
+
+
+def test_the_final_chunk_carries_the_prompt_length_and_the_slot_is_back_by_then(manager):
+    ids = manager.tokenizer("how long was I")["input_ids"]
+    for kwargs in ({"prompt": "how long was I"}, {"prompt_token_ids": ids}):
+        rid = manager.add_request(**kwargs, max_tokens=3, temperature=0, ignore_eos=True)
+        chunks = []
+        for chunk in manager.stream(rid):
+            chunks.append((chunk.prompt_tokens, chunk.finished, manager.inflight))
+        assert chunks[-1] == (len(ids), True, 0)                 # released before the consumer saw the end
+        assert all(p is None for p, done, _ in chunks if not done)
+        assert manager.requests.get(rid) is None                 # the record went with its stream
+
+
+def test_abort_while_tokenizing_never_reaches_the_engine(tiny_llama):
+    gated = GatedTokenizer(load_tokenizer(tiny_llama))
+    m = make_manager(tiny_llama, tokenize_workers=1, tokenizer=gated)
+    try:
+        rid = m.add_request("wait for me", max_tokens=50, temperature=0, ignore_eos=True)
+        record = m.requests.get(rid)
+        m.abort(rid)
+        assert m.inflight == 0 and record.aborted
+        stream = m.stream(rid)
+        assert [(c.token_ids, c.finish_reason) for c in stream] == [([], "abort")]
+        gated.gate.set()                       # the worker encodes it now, and drops it
+        after = m.add_request(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0, ignore_eos=True)
+        collect(m, after)                      # the engine thread has handled everything queued before
+        assert m.engine.stats()["sequences"] == 0 and m.engine.stats()["kv_blocks_used"] == 0
+        assert m.bookkeeping() == dict.fromkeys(m.bookkeeping(), 0)
+    finally:
+        gated.gate.set()
+        m.close()

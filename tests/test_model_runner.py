@@ -197,12 +197,16 @@ def test_cuda_graph_decode_matches_eager(tiny_llama):
     assert max_abs_diff(eager, graph) < 1e-2
 
 
-def test_block_pool_logical_view_has_the_spec_shape(tiny_llama):
+def test_kv_goes_to_the_block_and_offset_of_the_block_table(tiny_llama):
     runner = runner_for(tiny_llama, kv_cache_tokens=64, block_size=4)
     args, kv = runner.args, runner.kv
-    pool = kv.block_view(0)
-    assert pool.shape == (kv.num_blocks + 1, 4, args.num_kv_heads, args.head_dim)
-    prompt = [5, 6, 7, 8, 9]
-    runner.forward([SeqInput(prompt, 0, [3, 1])], True)
-    # token 4 (position 4) went to block 1, offset 0: non-zero there, block 2 untouched
-    assert pool[1, 0].abs().sum() > 0 and pool[2].abs().sum() == 0
+    k_pool, v_pool = kv.layers[0]   # head-major: [Hkv, blocks + scratch, block_size, D]
+    assert k_pool.shape == (args.num_kv_heads, kv.num_blocks + 1, 4, args.head_dim)
+    runner.forward([SeqInput([5, 6, 7, 8, 9], 0, [3, 1])], True)
+    # positions 0-3 went to block 3, position 4 to block 1 offset 0; nothing else was written
+    for pool in (k_pool, v_pool):
+        assert (pool[:, 3].abs().sum(-1) > 0).all() and (pool[:, 1, 0].abs().sum(-1) > 0).all()
+        written = torch.zeros(pool.shape[1:3], dtype=torch.bool)
+        written[3] = True
+        written[1, 0] = True
+        assert pool[:, ~written].abs().sum() == 0

@@ -1,7 +1,6 @@
 """Model sources: the embedded default (real GGUF, converted once), directories, .gguf paths, tiny models."""
 import json
 import sys
-import time
 
 import pytest
 import torch
@@ -48,11 +47,9 @@ def test_hf_forward_from_cache_is_finite_and_sensible(default_model):
 
 
 def test_second_resolve_is_served_from_cache(default_model):
-    t0 = time.perf_counter()
     again = resolve_model("smollm2-135m")
-    assert again.path == default_model.path and again.converted is False
+    assert again.path == default_model.path and again.converted is False   # nothing was converted again
     assert (again.path / CACHE_MARKER).is_file()
-    assert time.perf_counter() - t0 < 5  # a generous bound: a conversion takes ~20 s here
 
 
 @pytest.mark.slow

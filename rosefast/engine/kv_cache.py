@@ -1,7 +1,7 @@
 """The paged KV cache.
 
-Logically each layer has a K and a V block pool [num_blocks, block_size, n_kv_heads, head_dim]
-(`block_view`). Physically a pool is stored head-major, [n_kv_heads, num_blocks, block_size, head_dim]:
+Logically each layer has a K and a V block pool [num_blocks, block_size, n_kv_heads, head_dim].
+Physically a pool is stored head-major, [n_kv_heads, num_blocks, block_size, head_dim]:
 gathering a batch's blocks then yields [n_kv_heads, B, context, head_dim] with every (head, sequence)
 context contiguous, which is what the attention matmuls want — no transpose copy per layer.
 
@@ -57,10 +57,6 @@ class KVCache:
         self.data = torch.zeros(args.num_layers, 2, args.num_kv_heads, num_blocks + 1, block_size, args.head_dim,
                                 dtype=dtype, device=device)
         self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(args.num_layers)]
-
-    def block_view(self, layer, which=0):
-        """The logical pool [num_blocks + 1, block_size, n_kv_heads, head_dim] of one layer (a view)."""
-        return self.layers[layer][which].permute(1, 2, 0, 3)
 
     @property
     def scratch_slot(self):

@@ -1,0 +1,196 @@
+"""The streaming benchmark's two drivers behind one arrival loop: in-process (a SchedulerManager, every
+stage known) and over HTTP/SSE (any OpenAI-compatible server). The schedule, the submit times and the
+lag are taken the same way for both; only `submit` differs."""
+import _queue
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+from rosefast.bench.schedule import arrival_offsets
+
+
+@dataclass
+class Sample:
+    index: int
+    target: float = None        # absolute target time (absolute/poisson/gamma), perf_counter seconds
+    t_call: float = None        # submit started
+    t_return: float = None      # add_request returned (in-process) / response headers arrived (--url)
+    rejected: bool = False
+    error: str = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tokenized: float = None     # the rest: in-process only
+    scheduled: float = None
+    first_token: float = None
+    token_times: list = field(default_factory=list)
+    first_recv: float = None    # client side: first chunk with tokens / text
+    last_recv: float = None
+    event_times: list = field(default_factory=list)
+
+    def received(self, now):
+        """A chunk with tokens (in-process) or text (--url) arrived at `now`."""
+        self.first_recv = self.first_recv or now
+        self.last_recv = now
+        self.event_times.append(now)
+
+
+def _wait_until(target):
+    while True:
+        left = target - time.perf_counter()
+        if left <= 0:
+            return
+        time.sleep(left if left > 0.002 else 0)
+
+
+def run_arrivals(args, prompts, submit):
+    """Call `submit(prompt, sample)` for each prompt on the schedule: absolute / poisson / gamma target
+    t0 + offset_i (the lag is t_call - target); relative sleeps the interval after each submit, so its real
+    gap is the submit's own time plus the interval. Returns the samples."""
+    samples = [Sample(i) for i in range(len(prompts))]
+    interval = args.submit_interval_ms / 1e3
+    offsets = arrival_offsets(args.submit_schedule, len(prompts), interval, args.burstiness, args.seed)
+    t0 = time.perf_counter()
+    for prompt, s in zip(prompts, samples):
+        if offsets is not None:
+            s.target = t0 + offsets[s.index]
+            _wait_until(s.target)
+        s.t_call = time.perf_counter()
+        submit(prompt, s)
+        if offsets is None and interval:
+            time.sleep(interval)
+    return samples
+
+
+# -- in-process --------------------------------------------------------------------------------------
+
+def run_inprocess(manager, args, prompts, progress=None):
+    """One consumer thread per request reads its stream; the arrival loop only admits and hands over."""
+    from rosefast.engine.sampling import SamplingParams
+    from rosefast.errors import OverloadedError
+
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, ignore_eos=args.no_stop_on_eos)
+    work = _queue.SimpleQueue()
+
+    def consumer():
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            rid, s = item
+            t = manager.timing(rid)
+            try:
+                for chunk in manager.stream(rid):
+                    if chunk.token_ids:
+                        s.received(time.perf_counter())
+                        s.completion_tokens += len(chunk.token_ids)
+            except Exception as e:  # noqa: BLE001 - counted, not crashed on
+                s.error = repr(e)
+            if t is not None:
+                s.tokenized, s.scheduled, s.first_token = t.tokenized, t.scheduled, t.first_token
+                s.token_times, s.prompt_tokens = t.token_times, t.prompt_tokens
+            if progress is not None:
+                progress.update()
+
+    def submit(prompt, s):
+        try:
+            if isinstance(prompt, list):
+                rid = manager.add_request(prompt_token_ids=prompt, params=params)
+            else:
+                rid = manager.add_request(prompt, params=params)
+            s.t_return = time.perf_counter()
+            work.put((rid, s))
+        except OverloadedError:
+            s.t_return = time.perf_counter()
+            s.rejected = True
+            if progress is not None:
+                progress.update()
+
+    threads = [threading.Thread(target=consumer, daemon=True) for _ in range(len(prompts))]
+    for t in threads:
+        t.start()
+    samples = run_arrivals(args, prompts, submit)
+    for _ in threads:
+        work.put(None)
+    for t in threads:
+        t.join()
+    return samples
+
+
+# -- over HTTP ---------------------------------------------------------------------------------------
+
+async def _http_one(client, args, model, prompt, s, progress):
+    chat = args.chat and isinstance(prompt, str)
+    body = {"model": model, "max_tokens": args.max_new_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if args.no_stop_on_eos:
+        body["ignore_eos"] = True
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    try:
+        async with client.stream("POST", path, json=body) as r:
+            s.t_return = time.perf_counter()
+            if r.status_code == 429:
+                s.rejected = True
+                await r.aread()
+                return
+            if r.status_code != 200:
+                s.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if "error" in event:
+                    s.error = event["error"].get("message")
+                    continue
+                if event.get("usage"):
+                    s.prompt_tokens = event["usage"]["prompt_tokens"]
+                    s.completion_tokens = event["usage"]["completion_tokens"]
+                for choice in event.get("choices") or []:
+                    text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+                    if text:
+                        s.received(time.perf_counter())
+    except Exception as e:  # noqa: BLE001
+        s.error = repr(e)
+    finally:
+        if progress is not None:
+            progress.update()
+
+
+def run_http(args, prompts, progress=None):
+    """The client's event loop runs in a thread of its own; the arrival loop hands each request to it.
+    Returns (samples, the served model's name)."""
+    import httpx
+
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    holder = {}
+
+    async def open_client():
+        limits = httpx.Limits(max_connections=len(prompts) + 8, max_keepalive_connections=len(prompts) + 8)
+        client = httpx.AsyncClient(base_url=args.url.rstrip("/"), limits=limits, timeout=600)
+        holder["model"] = (await client.get("/v1/models")).json()["data"][0]["id"]
+        return client
+
+    thread = threading.Thread(target=lambda: (asyncio.set_event_loop(loop), ready.set(), loop.run_forever()),
+                              daemon=True)
+    thread.start()
+    ready.wait()
+    client = asyncio.run_coroutine_threadsafe(open_client(), loop).result()
+    futures = []
+    try:
+        samples = run_arrivals(args, prompts, lambda prompt, s: futures.append(asyncio.run_coroutine_threadsafe(
+            _http_one(client, args, holder["model"], prompt, s, progress), loop)))
+        for f in futures:
+            f.result()
+    finally:
+        asyncio.run_coroutine_threadsafe(client.aclose(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+    return samples, holder["model"]

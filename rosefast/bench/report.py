@@ -1,0 +1,73 @@
+"""The streaming benchmark's figures (p50/p95/p99 of every stage) and the report it prints."""
+from rosefast.bench.stats import fmt, summary
+
+
+def figures(samples, args, http):
+    ok = [s for s in samples if not s.rejected and s.error is None and s.first_recv is not None]
+    rejected = [s for s in samples if s.rejected]
+    calls = [s.t_call for s in samples]
+    out = {"requests": len(samples), "completed": len(ok), "rejected": len(rejected),
+           "errors": sum(1 for s in samples if s.error), "prompt_tokens": sum(s.prompt_tokens for s in ok),
+           "completion_tokens": sum(s.completion_tokens for s in ok),
+           "submit_wall_ms": (max(calls) - min(calls)) * 1e3 if calls else 0.0}
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    out["submit_gap"] = summary(gaps)
+    targeted = [s for s in samples if s.target is not None]
+    if targeted:
+        out["submit_lag"] = summary([s.t_call - s.target for s in targeted])
+    accepted = [s for s in samples if not s.rejected and s.t_return is not None]
+    out["add_request" if not http else "response_headers"] = summary([s.t_return - s.t_call for s in accepted])
+    out["reject_latency"] = summary([s.t_return - s.t_call for s in rejected])
+    if not http:
+        out["tokenize"] = summary([s.tokenized - s.t_call for s in ok if s.tokenized])
+        out["queue_wait"] = summary([s.scheduled - s.tokenized for s in ok if s.scheduled and s.tokenized])
+        out["prefill_to_first_token"] = summary([s.first_token - s.scheduled for s in ok if s.first_token and s.scheduled])
+    out["ttft"] = summary([s.first_recv - s.t_call for s in ok])
+    out["tpot"] = summary([(s.last_recv - s.first_recv) / (s.completion_tokens - 1) for s in ok
+                           if s.completion_tokens > 1])
+    if http:
+        out["itl_per_event"] = summary([b - a for s in ok for a, b in zip(s.event_times, s.event_times[1:])])
+    else:
+        out["itl"] = summary([b - a for s in ok for a, b in zip(s.token_times, s.token_times[1:])])
+    out["latency"] = summary([s.last_recv - s.t_call for s in ok])
+    if ok:
+        span = max(s.last_recv for s in ok) - min(s.t_call for s in samples)
+        out["throughput_completion_tok_s"] = out["completion_tokens"] / span
+        out["throughput_total_tok_s"] = (out["completion_tokens"] + out["prompt_tokens"]) / span
+    return out
+
+
+def print_report(f, args, http, model_name, device):
+    p = print
+    p(f"Model: {model_name}   Device: {device}   Mode: {'HTTP ' + args.url if http else 'in-process'}")
+    p(f"Settings: max_batch_size={args.max_batch_size} prefill_max_batch_size={args.prefill_max_batch_size} "
+      f"max_active_requests={args.max_active_requests or '-'} max_inflight_requests={args.max_inflight_requests or 'unbounded'} "
+      f"tokenize_workers={args.tokenize_workers} pretok={args.pretok} max_new_tokens={args.max_new_tokens} "
+      f"stop_on_eos={not args.no_stop_on_eos} prefix_cache={not args.no_prefix_cache}")
+    p(f"Requests: {f['requests']}   Completed: {f['completed']}   Rejected: {f['rejected']}   Errors: {f['errors']}")
+    p(f"Prompt tokens (accepted): {f['prompt_tokens']}   Completion tokens: {f['completion_tokens']}")
+    p(f"Submit wall: {f['submit_wall_ms']:.1f} ms")
+    p(f"Submit interval/schedule: {args.submit_interval_ms} ms {args.submit_schedule}"
+      + (f" (burstiness {args.burstiness})" if args.submit_schedule == "gamma" else "")
+      + f"; actual gap mean {f['submit_gap']['mean']:.3f} ms")
+    if "submit_lag" in f:
+        p(f"Submit lag: {fmt(f['submit_lag'])}")
+    if http:
+        p(f"Response headers: {fmt(f['response_headers'])}")
+    else:
+        p(f"add_request latency: {fmt(f['add_request'], 'ms')}")
+    p(f"Reject latency: {fmt(f['reject_latency'])}")
+    if not http:
+        p(f"Tokenize: {fmt(f['tokenize'])}")
+        p(f"Queue wait (post-tok): {fmt(f['queue_wait'])}")
+        p(f"Prefill->first token: {fmt(f['prefill_to_first_token'])}")
+    p(f"TTFT: {fmt(f['ttft'])}")
+    p(f"TPOT: {fmt(f['tpot'])}")
+    if http:
+        p(f"ITL (per SSE event; a merged event carries several tokens): {fmt(f['itl_per_event'])}")
+    else:
+        p(f"ITL: {fmt(f['itl'])}")
+    p(f"Latency: {fmt(f['latency'])}")
+    if "throughput_completion_tok_s" in f:
+        p(f"Throughput: completion {f['throughput_completion_tok_s']:.1f} tok/s, "
+          f"total {f['throughput_total_tok_s']:.1f} tok/s")
