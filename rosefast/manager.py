@@ -121,6 +121,8 @@ class SchedulerManager:
                                   f"{self.admission.limit}); retry later")
         try:
             params = params if params is not None else SamplingParams(**sampling)
+            if params.processed or params.stop_token_ids:
+                engine.check_params(params)
             if (prompt is None) == (prompt_token_ids is None):
                 raise ValueError("give exactly one of prompt or prompt_token_ids")
             if prompt_token_ids is not None:

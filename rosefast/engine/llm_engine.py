@@ -1,5 +1,6 @@
 """LLMEngine: the engine the serving layer drives, one `step()` at a time; `generate()` for offline use."""
 import itertools
+import random
 import logging
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ class StepOutput:
     finished: bool
     finish_reason: str = None   # "stop" (EOS or a stop token), "length" (max_tokens or context), "abort"
     scheduled_at: float = None  # with a request's first token: when its prefill was first scheduled
+    logprobs: list = None       # when asked: per new token, (its logprob, [(token, logprob)] top k) (raw model)
 
 
 @dataclass
@@ -51,6 +53,7 @@ class LLMEngine:
         self.seqs = {}
         self._before_step = before_step
         self._ids = itertools.count()
+        self._seeds = random.Random(self.config.seed)   # the seed of each request that brings none
         self._tokenizer = None
         self.steps = 0
 
@@ -79,25 +82,35 @@ class LLMEngine:
             raise ValueError(f"prompt has {n} tokens; the KV cache holds only "
                              f"{self.block_manager.num_blocks * self.config.block_size}")
 
-    def add_request(self, prompt_token_ids, params=None, request_id=None):
-        params = params or SamplingParams()
+    def check_params(self, params):
+        """Raise TypeError / ValueError for sampling parameters this model cannot take (token ids past its
+        vocabulary)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, not {type(params).__name__}")
+        vocab = self.args.vocab_size
+        if params.logit_bias and not all(t < vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
+        if not all(t < vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab})")
+
+    def add_request(self, prompt_token_ids, params=None, request_id=None):
+        params = params or SamplingParams()
+        self.check_params(params)
         self.check_prompt(prompt_token_ids)
         request_id = next(self._ids) if request_id is None else request_id
         if request_id in self.seqs:
             raise ValueError(f"request_id {request_id!r} is already in the engine")
-        seq = Sequence(request_id, prompt_token_ids, params, self.args.eos_token_ids)
+        seq = Sequence(request_id, prompt_token_ids, params, self.args.eos_token_ids, self._seeds.getrandbits(63))
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return request_id
 
     def abort(self, request_id):
         """Stop a request in whatever state; its blocks are freed at once. False if unknown."""
-        seq = self.seqs.pop(request_id, None)
+        seq = self.seqs.get(request_id)
         if seq is None:
             return False
-        self.scheduler.finish(seq, "abort")
+        self._end(seq, "abort")
         return True
 
     def has_unfinished(self):
@@ -122,7 +135,7 @@ class LLMEngine:
             step = self.scheduler.schedule()
             outputs = [StepOutput(s.request_id, [], True, s.finish_reason) for s in step.cut_short]
             for seq in step.cut_short:
-                self.seqs.pop(seq.request_id, None)
+                self._end(seq, seq.finish_reason)
             if not step.seqs:
                 return StepResult(outputs)
             self.steps += 1
@@ -146,22 +159,31 @@ class LLMEngine:
         logits = self.runner.forward(inputs, step.is_prefill)
         if len(sampling) < len(step.seqs):   # a chunked prefill in the step: only the finished rows sample
             logits = logits[sampling]
-        tokens = self.runner.sampler(logits, [step.seqs[i].params for i in sampling],
-                                     [step.seqs[i].generator for i in sampling]) if sampling else []
+        sampled = self.runner.sampler(logits, [step.seqs[i] for i in sampling]) if sampling else None
         for seq, n in zip(step.seqs, step.chunks):
             seq.num_cached += n
             self.block_manager.commit(seq)
         outputs = []
-        for i, token in zip(sampling, tokens):
+        if sampled is None:
+            return outputs
+        logprobs = sampled.logprobs or [None] * len(sampling)
+        for i, token, lp in zip(sampling, sampled.token_ids, logprobs):
             seq = step.seqs[i]
             seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:
-                self.scheduler.finish(seq, reason)
-                del self.seqs[seq.request_id]
+                self._end(seq, reason)
             first = seq.scheduled_at if seq.num_output_tokens == 1 else None
-            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, first))
+            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, first,
+                                      None if lp is None else [lp]))
         return outputs
+
+    def _end(self, seq, reason):
+        """A sequence is done (finished, aborted or cut short): out of the scheduler, the sampler, the index."""
+        if not seq.finished:
+            self.scheduler.finish(seq, reason)
+        self.runner.sampler.release(seq.request_id)
+        self.seqs.pop(seq.request_id, None)
 
     def _finish_reason(self, seq, token):
         if token in seq.stop_ids:
@@ -173,8 +195,8 @@ class LLMEngine:
     # -- offline -------------------------------------------------------------------------------------
 
     def generate(self, prompts, params=None, use_tqdm=True):
-        """Run prompts (strings or token id lists) to completion: a dict per prompt with
-        `token_ids`, `text` and `finish_reason`, in the order given."""
+        """Run prompts (strings or token id lists) to completion: a dict per prompt with `token_ids`, `text`,
+        `finish_reason` and (for params that ask) `logprobs`, in the order given."""
         from tqdm import tqdm
 
         params = params or SamplingParams()
@@ -184,6 +206,9 @@ class LLMEngine:
         ids = [self.add_request(self.tokenizer(p).input_ids if isinstance(p, str) else list(p), sp)
                for p, sp in zip(prompts, plist)]
         results = {rid: {"token_ids": [], "finish_reason": None} for rid in ids}
+        for rid, sp in zip(ids, plist):
+            if sp.logprobs is not None:
+                results[rid]["logprobs"] = []
         with tqdm(total=len(ids), desc="rosefast generate", disable=not use_tqdm, unit="req") as bar:
             while any(results[r]["finish_reason"] is None for r in ids):
                 result = self.step()
@@ -192,6 +217,8 @@ class LLMEngine:
                 for out in result.outputs:
                     if out.request_id in results:
                         results[out.request_id]["token_ids"] += out.new_token_ids
+                        if out.logprobs:
+                            results[out.request_id]["logprobs"] += out.logprobs
                         if out.finished:
                             results[out.request_id]["finish_reason"] = out.finish_reason
                             bar.update()

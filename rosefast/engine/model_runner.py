@@ -9,7 +9,7 @@ import torch
 
 from rosefast.engine.device import resolve_device, resolve_dtype
 from rosefast.engine.kv_cache import KVCache, plan_blocks
-from rosefast.engine.sampling import Sampler
+from rosefast.engine.sampler import Sampler
 from rosefast.models._kernels_py import GatherWorkspace
 from rosefast.models.layers import AttentionMetadata
 from rosefast.models.loader import load_model
@@ -41,7 +41,7 @@ class ModelRunner:
         self.kv = KVCache(self.args, plan_blocks(config, self.args, self.dtype, self.device), self.block_size,
                           self.dtype, self.device)
         self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
-        self.sampler = Sampler(config.seed)
+        self.sampler = Sampler(self.args.vocab_size, self.device)
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph:
             from rosefast.engine.cuda_graph import DecodeGraphs

@@ -1,58 +1,93 @@
-"""SamplingParams (validated) and the batched Sampler: greedy, temperature, top-k, top-p, per-request seed."""
+"""SamplingParams: what one request asks of the sampler, validated where it is made (a ValueError names the
+field). The batched sampler that carries them out is rosefast.engine.sampler."""
 import math
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, field
 
 _INF = float("inf")
 _PLAIN_NUMBER = (float, int)   # exact types: a bool is neither
+MAX_LOGPROBS = 20              # top logprobs per token, at most (OpenAI's limit)
+MAX_LOGIT_BIAS = 100.0         # |bias| at most (OpenAI's limit)
 
 
-def _int(name, value, low):
+def _int(name, value, low, high=None):
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value}")
 
 
-def _number(name, value):
+def _number(name, value, low=-_INF, high=_INF):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
 
 
 @dataclass(slots=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 1.0     # 0: greedy
-    top_p: float = 1.0           # in (0, 1]
-    top_k: int = 0               # 0 (or -1): all tokens
-    seed: int = None             # per-request generator: the same seed gives the same tokens
-    stop_token_ids: tuple = ()   # extra tokens that end the request (besides EOS)
-    stop: tuple = ()             # stop strings (the detokenizer cuts the text there)
+    temperature: float = 1.0       # 0: greedy (the argmax of the processed logits)
+    top_p: float = 1.0             # in (0, 1]
+    top_k: int = 0                 # 0 (or -1): all tokens
+    min_p: float = 0.0             # in [0, 1]: drop tokens below min_p x the most likely one's probability
+    presence_penalty: float = 0.0  # in [-2, 2]: subtracted from a token's logit once it has been generated
+    frequency_penalty: float = 0.0 # in [-2, 2]: subtracted once per time it has been generated
+    repetition_penalty: float = 1.0  # > 0: a seen token's (prompt or output) logit divided by it (x it if < 0)
+    logit_bias: dict = None        # {token id: bias in [-100, 100]} added to the logits
+    min_tokens: int = 0            # EOS and stop token ids are masked until this many tokens are out
+    seed: int = None               # the same seed gives the same tokens, whatever else is in the batch
+    stop_token_ids: tuple = ()     # extra tokens that end the request (besides EOS)
+    stop: tuple = ()               # stop strings (the detokenizer cuts the text there)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    logprobs: int = None           # per generated token: its logprob and this many top ones (0-20); None: none
+    prompt_logprobs: int = None    # the same for each prompt token after the first (0-20); None: none
+    processed: bool = field(default=False, init=False, repr=False, compare=False)  # any logit processing
 
     def __post_init__(self):
         # One expression for the common, plainly typed request (it is on the submit path); anything
-        # else — an int temperature, a seed, stop strings, a bad value — gets the full check.
+        # else — an int temperature, a seed, stop strings, penalties, a bad value — gets the full check.
         if not (type(self.max_tokens) is int and self.max_tokens >= 1
                 and type(self.temperature) in _PLAIN_NUMBER and 0.0 <= self.temperature < _INF
                 and type(self.top_p) in _PLAIN_NUMBER and 0.0 < self.top_p <= 1.0
                 and type(self.top_k) is int and self.top_k >= -1
-                and self.seed is None and self.stop == () and self.stop_token_ids == ()):
+                and type(self.min_p) in _PLAIN_NUMBER and self.min_p == 0
+                and type(self.presence_penalty) in _PLAIN_NUMBER and self.presence_penalty == 0
+                and type(self.frequency_penalty) in _PLAIN_NUMBER and self.frequency_penalty == 0
+                and type(self.repetition_penalty) in _PLAIN_NUMBER and self.repetition_penalty == 1
+                and self.logit_bias is None and type(self.min_tokens) is int and self.min_tokens == 0
+                and self.seed is None and self.stop == () and self.stop_token_ids == ()
+                and self.logprobs is None and self.prompt_logprobs is None):
             self._validate()
 
     def _validate(self):
         _int("max_tokens", self.max_tokens, 1)
-        _number("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _number("temperature", self.temperature, 0.0)
         _number("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         _int("top_k", self.top_k, -1)
+        _number("min_p", self.min_p, 0.0, 1.0)
+        _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _number("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a mapping of token ids to numbers, got {self.logit_bias!r}")
+            bias = {}
+            for token, value in self.logit_bias.items():
+                token = int(token) if isinstance(token, str) and token.strip().lstrip("-").isdigit() else token
+                _int("logit_bias key", token, 0)
+                _number("logit_bias value", value, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+                bias[token] = float(value)
+            self.logit_bias = bias or None
+        _int("min_tokens", self.min_tokens, 0, self.max_tokens)
         if self.seed is not None:
-            _int("seed", self.seed, 0)
+            _int("seed", self.seed, 0, 2**63 - 1)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         self.stop = tuple(self.stop)
@@ -61,42 +96,17 @@ class SamplingParams:
         self.stop_token_ids = tuple(self.stop_token_ids)
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, 0)
+        if self.logprobs is not None:
+            _int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        self.processed = bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                              or self.logit_bias or self.min_tokens)
 
     @property
     def greedy(self):
         return self.temperature == 0
 
-
-class Sampler:
-    """Samples one token per row; rows with temperature 0 take the argmax."""
-
-    def __init__(self, seed=0):
-        self.default_generator = torch.Generator().manual_seed(seed)
-
-    @staticmethod
-    def make_generator(seed):
-        return None if seed is None else torch.Generator().manual_seed(seed)
-
-    def __call__(self, logits, params, generators):
-        """logits [B, V] (any device); params, generators: per row. Returns a list of B token ids."""
-        greedy = logits.argmax(dim=-1).tolist()
-        if all(p.greedy for p in params):
-            return greedy
-        logits = logits.float().cpu()
-        out = greedy
-        for i, p in enumerate(params):
-            if p.greedy:
-                continue
-            row = logits[i] / p.temperature
-            if p.top_k > 0 and p.top_k < row.shape[-1]:
-                kth = torch.topk(row, p.top_k).values[-1]
-                row = row.masked_fill(row < kth, float("-inf"))
-            probs = torch.softmax(row, dim=-1)
-            if p.top_p < 1.0:
-                sorted_probs, order = probs.sort(descending=True)
-                # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
-                drop = sorted_probs.cumsum(-1) - sorted_probs >= p.top_p
-                sorted_probs[drop] = 0.0
-                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-            out[i] = int(torch.multinomial(probs, 1, generator=generators[i] or self.default_generator))
-        return out
+    @property
+    def penalized(self):
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)

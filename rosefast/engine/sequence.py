@@ -1,8 +1,6 @@
 """Sequence: one request inside the engine — its tokens, sampling params, state and block table."""
 from enum import Enum
 
-from rosefast.engine.sampling import Sampler
-
 
 class SequenceStatus(Enum):
     WAITING = "waiting"      # not admitted yet, or preempted (its KV freed, to be recomputed)
@@ -12,9 +10,9 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
-                 "num_cached", "num_hashed_blocks", "finish_reason", "generator", "stop_ids", "scheduled_at")
+                 "num_cached", "num_hashed_blocks", "finish_reason", "stop_ids", "scheduled_at", "seed")
 
-    def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=()):
+    def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0):
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)   # prompt, then outputs
         self.num_prompt_tokens = len(self.token_ids)
@@ -25,7 +23,7 @@ class Sequence:
         self.num_hashed_blocks = 0   # leading full blocks registered in the prefix cache
         self.finish_reason = None
         self.scheduled_at = None     # perf_counter() when it was first scheduled (prefill start)
-        self.generator = Sampler.make_generator(params.seed)
+        self.seed = params.seed if params.seed is not None else seed   # keys its draws, with the position
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop.update(eos_token_ids)

@@ -1,0 +1,262 @@
+"""The batched sampler: one pass of torch ops over a step's [B, V] logits, on their own device.
+
+    result = sampler(logits, seqs)        # seqs: the Sequence of each row (its params, tokens, seed)
+    result.token_ids                      # B ints: the only host copy, with the logprobs when asked
+
+Rows with different settings share the pass; each stage runs only when some row needs it:
+1. logit processing (in fp32): repetition, frequency and presence penalties from per-sequence token
+   counts kept on the device (updated with each sampled token, not rebuilt), logit_bias, min_tokens
+   (EOS and stop ids masked until reached), and an allowed-token bitmask per row (`allowed`: the hook
+   structured output plugs into; xgrammar's layout: bit j of int32 word i allows token 32 i + j);
+2. greedy rows take the argmax of the processed logits;
+3. sampled rows: temperature, top_k (one topk at the largest k), softmax, top_p (a sort of the rows
+   that ask, the kept mass scattered back), min_p — vLLM's order —, then one draw by inverse CDF: the first token whose
+   cumulative probability reaches u x total. u is one uniform per row, a stateless integer hash of the
+   sequence's (seed, position), so its tokens do not depend on the batch it is in or its size; a request
+   without a seed gets one drawn from the engine's generator (seeded by the config's seed) when it
+   arrives. One uniform per row costs one cumsum over the row; Gumbel-max would need B x V hashed noise
+   per step. No torch generator is involved: the pass is the same on every device.
+Logprobs are of the raw model distribution (log_softmax of the unprocessed logits, fp32), as vLLM and
+OpenAI report them: what the model thought of each token, whatever the request's sampling settings did.
+"""
+from dataclasses import dataclass
+
+import torch
+
+_NEG_INF = float("-inf")
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass
+class SampleResult:
+    token_ids: list               # one per row
+    logprobs: list = None         # per row: None, or (chosen token's logprob, [(token, logprob)] top k)
+
+
+def _mul32(x, c):
+    """(x * c) mod 2**32 for int64 tensors x < 2**32: in 16-bit halves, so no int64 product overflows."""
+    lo = (x & 0xFFFF) * c
+    hi = ((x >> 16) * c) & 0xFFFF
+    return (lo + (hi << 16)) & _MASK32
+
+
+def _hash32(x):
+    """A 32-bit integer hash (Wellons' lowbias32) on int64 tensors holding values < 2**32."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def seeded_uniform(seeds, positions):
+    """One uniform in (0, 1] per row from (seed, position) alone: int64 tensors -> float32, any device."""
+    h = _hash32(positions & _MASK32)
+    h = _hash32(h ^ (seeds & _MASK32))
+    h = _hash32(h ^ ((seeds >> 32) & _MASK32))
+    return ((h >> 8) + 1).to(torch.float32) / float(1 << 24)
+
+
+def unpack_bitmask(bitmask, vocab_size):
+    """[R, ceil(V / 32)] int32 words -> [R, V] bool, True where a token is allowed."""
+    tokens = torch.arange(vocab_size, device=bitmask.device)
+    words = bitmask.to(torch.int64).index_select(1, tokens >> 5)       # [R, V]
+    return ((words >> (tokens & 31)) & 1).bool()
+
+
+class PenaltyState:
+    """Per-sequence token counts on the device for the sequences that ask for penalties: a row of
+    `counts` (output tokens) and of `seen` (prompt or output) per sequence, kept while it runs."""
+
+    def __init__(self, vocab_size, device):
+        self.vocab_size, self.device = vocab_size, device
+        self.counts = torch.zeros(0, vocab_size, dtype=torch.int32, device=device)
+        self.seen = torch.zeros(0, vocab_size, dtype=torch.bool, device=device)
+        self._free = []
+        self._slots = {}   # request id -> row
+
+    def __len__(self):
+        return len(self._slots)
+
+    def rows(self, seqs):
+        """The state rows of these sequences (a new one made from each sequence's tokens so far)."""
+        out = []
+        for seq in seqs:
+            row = self._slots.get(seq.request_id)
+            if row is None:
+                row = self._slots[seq.request_id] = self._new_row()
+                prompt = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.long, device=self.device)
+                outputs = torch.tensor(seq.token_ids[seq.num_prompt_tokens:], dtype=torch.long, device=self.device)
+                seen = torch.cat((prompt, outputs))
+                self.seen[row].index_put_((seen,), torch.ones_like(seen, dtype=torch.bool))
+                self.counts[row].index_add_(0, outputs, torch.ones_like(outputs, dtype=torch.int32))
+            out.append(row)
+        return out
+
+    def _new_row(self):
+        if not self._free:
+            old = self.counts.shape[0]
+            grow = max(8, old)
+            self.counts = torch.cat((self.counts, self.counts.new_zeros(grow, self.vocab_size)))
+            self.seen = torch.cat((self.seen, self.seen.new_zeros(grow, self.vocab_size)))
+            self._free = list(range(old + grow - 1, old - 1, -1))
+        return self._free.pop()
+
+    def add(self, rows, tokens):
+        """Count each row's new token: rows a [R] long tensor, tokens [R] long, on the device."""
+        self.counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
+        self.seen.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.bool))
+
+    def release(self, request_id):
+        row = self._slots.pop(request_id, None)
+        if row is not None:
+            self.counts[row].zero_()
+            self.seen[row].zero_()
+            self._free.append(row)
+
+
+class Sampler:
+    def __init__(self, vocab_size, device="cpu"):
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.penalties = PenaltyState(vocab_size, self.device)
+
+    def release(self, request_id):
+        """The sequence has ended: forget its sampling state."""
+        self.penalties.release(request_id)
+
+    def _tensor(self, values, dtype):
+        """Per-row values on the device: on a GPU through pinned memory, so the copy does not wait for the
+        forward pass still running there."""
+        if self.device.type == "cuda" and torch.cuda.is_available():
+            return torch.tensor(values, dtype=dtype).pin_memory().to(self.device, non_blocking=True)
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    # -- 1. logit processing -----------------------------------------------------------------------------
+
+    def process(self, x, seqs, allowed=None):
+        """Penalties, logit_bias, min_tokens and the allowed-token mask, in place on fp32 logits x [B, V].
+        Returns the penalized rows' state rows (a tensor) for counting the sampled tokens, or None."""
+        params = [s.params for s in seqs]
+        state_rows = None
+        pen = [i for i, p in enumerate(params) if p.processed and p.penalized]
+        if pen:
+            state_rows = self._tensor(self.penalties.rows([seqs[i] for i in pen]), torch.long)
+            rows = self._tensor(pen, torch.long)
+            xr = x.index_select(0, rows)
+            counts = self.penalties.counts.index_select(0, state_rows).to(torch.float32)
+            seen = self.penalties.seen.index_select(0, state_rows)
+            rep = self._tensor([params[i].repetition_penalty for i in pen], torch.float32)[:, None]
+            xr = torch.where(seen, torch.where(xr > 0, xr / rep, xr * rep), xr)
+            freq = self._tensor([params[i].frequency_penalty for i in pen], torch.float32)[:, None]
+            pres = self._tensor([params[i].presence_penalty for i in pen], torch.float32)[:, None]
+            xr = xr - freq * counts - pres * (counts > 0).to(torch.float32)
+            x.index_copy_(0, rows, xr)
+            state_rows = (rows, state_rows)
+        bias_rows, bias_tokens, bias_values, ban_rows, ban_tokens = [], [], [], [], []
+        for i, p in enumerate(params):
+            if not p.processed:
+                continue
+            if p.logit_bias:
+                bias_rows += [i] * len(p.logit_bias)
+                bias_tokens += p.logit_bias.keys()
+                bias_values += p.logit_bias.values()
+            if p.min_tokens and seqs[i].num_output_tokens < p.min_tokens:
+                stops = list(seqs[i].stop_ids)
+                ban_rows += [i] * len(stops)
+                ban_tokens += stops
+        if bias_rows:
+            x.index_put_((self._tensor(bias_rows, torch.long), self._tensor(bias_tokens, torch.long)),
+                         self._tensor(bias_values, torch.float32), accumulate=True)
+        if ban_rows:
+            x.index_put_((self._tensor(ban_rows, torch.long), self._tensor(ban_tokens, torch.long)),
+                         torch.tensor(_NEG_INF, device=x.device))
+        if allowed is not None:
+            rows, bitmask = allowed
+            xr = x.index_select(0, rows)
+            x.index_copy_(0, rows, xr.masked_fill_(~unpack_bitmask(bitmask, x.shape[1]), _NEG_INF))
+        return state_rows
+
+    # -- the whole pass ----------------------------------------------------------------------------------
+
+    def __call__(self, logits, seqs, allowed=None):
+        """logits [B, V] (any device, any float dtype), seqs: the Sequence of each row; `allowed`, when
+        given: (rows [R] long tensor, bitmask [R, ceil(V/32)] int32). Returns a SampleResult."""
+        params = [s.params for s in seqs]
+        want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if allowed is None and not want_lp and all(p.greedy and not p.processed for p in params):
+            return SampleResult(logits.argmax(dim=-1).tolist())
+        x = logits.to(torch.float32, copy=True)                                  # [B, V]
+        raw_lp = None
+        if want_lp:
+            lp_rows = self._tensor(want_lp, torch.long)
+            raw_lp = torch.log_softmax(x.index_select(0, lp_rows), dim=-1)       # before any processing
+        state_rows = self.process(x, seqs, allowed)
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if len(sampled) == len(seqs):
+            tokens = self._sample(x, seqs)
+        else:
+            tokens = x.argmax(dim=-1)                                            # the greedy rows keep theirs
+            if sampled:
+                rows = self._tensor(sampled, torch.long)
+                tokens.index_copy_(0, rows, self._sample(x.index_select(0, rows), [seqs[i] for i in sampled]))
+        if state_rows is not None:
+            rows, srows = state_rows
+            self.penalties.add(srows, tokens.index_select(0, rows))
+        if raw_lp is None:
+            return SampleResult(tokens.tolist())
+        return self._with_logprobs(tokens, raw_lp, lp_rows, want_lp, params)
+
+    def _rows(self, x, rows_list, rows):
+        """x's rows `rows_list` (a copy), or x itself when that is every row."""
+        return x if len(rows_list) == x.shape[0] else x.index_select(0, rows)
+
+    def _sample(self, x, seqs):
+        """One token per row of fp32 logits x [S, V] (modified), each row by its own settings: temperature,
+        top_k, top_p, min_p (vLLM's order), then the draw."""
+        params = [s.params for s in seqs]
+        S, V = x.shape
+        x.div_(self._tensor([p.temperature for p in params], torch.float32)[:, None])
+        ks = [p.top_k if 0 < p.top_k < V else V for p in params]
+        k_max = max(ks)
+        if k_max < V:
+            kth = x.topk(k_max, dim=-1, sorted=True).values.gather(1, self._tensor([k - 1 for k in ks], torch.long)[:, None])
+            limited = self._tensor([k < V for k in ks], torch.bool)[:, None]
+            x.masked_fill_(limited & (x < kth), _NEG_INF)
+        probs = torch.softmax(x, dim=-1)
+        nucleus = [i for i, p in enumerate(params) if p.top_p < 1.0]
+        if nucleus:
+            rows = self._tensor(nucleus, torch.long)
+            pr = self._rows(probs, nucleus, rows)
+            ordered, order = pr.sort(dim=-1, descending=True)
+            top_p = self._tensor([params[i].top_p for i in nucleus], torch.float32)[:, None]
+            # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
+            drop = (ordered.cumsum(dim=-1) - ordered) >= top_p
+            kept = torch.zeros_like(pr).scatter_(1, order, ordered.masked_fill_(drop, 0.0))
+            probs = kept if pr is probs else probs.index_copy_(0, rows, kept)
+        if any(p.min_p > 0 for p in params):
+            floor = self._tensor([p.min_p for p in params], torch.float32)[:, None] * probs.amax(dim=-1, keepdim=True)
+            probs.masked_fill_(probs < floor, 0.0)
+        u = seeded_uniform(self._tensor([s.seed for s in seqs], torch.long),
+                           self._tensor([s.num_tokens for s in seqs], torch.long))
+        cdf = probs.cumsum_(dim=-1)
+        return torch.searchsorted(cdf, u[:, None] * cdf[:, -1:]).clamp_(max=V - 1).squeeze(1)
+
+    def _with_logprobs(self, tokens, raw_lp, lp_rows, want_lp, params):
+        """The ids and the asked logprobs in one host copy: [B] ids, then per asking row its chosen logprob
+        and the top k (values, then ids) at the largest k asked."""
+        k = max(params[i].logprobs for i in want_lp)
+        chosen = raw_lp.gather(1, tokens.index_select(0, lp_rows)[:, None])                 # [L, 1]
+        top = raw_lp.topk(k, dim=-1) if k else None
+        parts = [chosen] + ([top.values, top.indices.to(torch.float32)] if k else [])
+        packed = torch.cat((tokens.to(torch.float64), torch.cat(parts, dim=1).to(torch.float64).flatten()))
+        host = packed.tolist()
+        B = tokens.shape[0]
+        ids = [int(t) for t in host[:B]]
+        width = 1 + 2 * k
+        logprobs = [None] * B
+        for j, i in enumerate(want_lp):
+            row = host[B + j * width:B + (j + 1) * width]
+            n = params[i].logprobs
+            logprobs[i] = (row[0], [(int(t), lp) for lp, t in zip(row[1:1 + n], row[1 + k:1 + k + n])])
+        return SampleResult(ids, logprobs)
