@@ -1,4 +1,4 @@
-"""Build: the Cython hot paths (rosefast/frontend/, rosefast/models/), or only their pure-Python twins.
+"""Build: the Cython hot paths (rosefast/frontend/, models/, engine/), or only their pure-Python twins.
 
 ROSEFAST_NO_EXTENSIONS=1   build (and later use) the pure-Python twins only
 ROSEFAST_DEBUG_BUILD=1     compile the extensions with -O0 -g and Cython line tracing off
@@ -9,9 +9,10 @@ import sys
 from setuptools import Extension, setup
 
 # One entry per accelerated module: <package>/_<name>_c.pyx beside _<name>_py.py.
-COMPILED_MODULES = ["frontend/admission", "frontend/collector", "frontend/fanout", "models/kernels"]
+COMPILED_MODULES = ["frontend/admission", "frontend/collector", "frontend/fanout", "models/kernels",
+                    "engine/sample_ops"]
 # The model kernels split their work with OpenMP: the same libgomp torch loads, so one thread pool.
-OPENMP_MODULES = {"models/kernels"}
+OPENMP_MODULES = {"models/kernels", "engine/sample_ops"}
 
 
 def _flag(name):

@@ -17,6 +17,8 @@ def tables(data):
     rows = defaultdict(dict)
     for b in data["benchmarks"]:
         name, info = b["name"].split("[")[0], b["extra_info"]
+        if name == "test_sampler":   # its own table, below
+            continue
         key = {"test_merge": "depth", "test_merge_floor": "depth", "test_fanout": "batch",
                "test_collapse": "lag"}.get(name)
         rows[(name.replace("_floor", ""), info.get(key))][info.get("flavour")] = per_item(b)
@@ -51,7 +53,21 @@ def tables(data):
             r = rows[k]
             out.append(f"| {k[1]} | {1e3 / r.get('c', 1):.2f} | {1e3 / r.get('quadratic', 1):.2f} | "
                        f"{r.get('quadratic', 0) / r.get('c', 1):.1f}x |")
+    samp = defaultdict(dict)
+    for b in data["benchmarks"]:
+        if b["name"].startswith("test_sampler["):
+            info = b["extra_info"]
+            samp[(info["mode"], info["batch"])][info["impl"]] = b["stats"]["median"] * 1e6
+    if samp:
+        out += ["", "| mode | batch | batched us/step | per-row loop us/step | loop/batched |", "|---|---|---|---|---|"]
+        for (mode, batch), r in sorted(samp.items(), key=lambda kv: (list(MODES_ORDER).index(kv[0][0]), kv[0][1])):
+            ours, loop = r["batched"], r.get("row_loop")
+            loop_cells = "- | -" if loop is None else f"{loop:.0f} | {loop / ours:.1f}x"
+            out.append(f"| {mode} | {batch} | {ours:.0f} | {loop_cells} |")
     return "\n".join(out)
+
+
+MODES_ORDER = ("greedy", "temperature", "top_p", "penalties", "logprobs")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ import uuid
 from rosefast.engine.sampling import SamplingParams
 from server.errors import bad_request
 
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options",
-          "ignore_eos", "n", "user", "include_stop_str_in_output", "presence_penalty", "frequency_penalty",
-          "max_completion_tokens"}
+# what the batched sampler takes: OpenAI's names, and vLLM's extras (sent in the openai client's extra_body)
+SAMPLING = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+            "logit_bias", "min_tokens", "seed", "stop_token_ids"}
+COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "ignore_eos", "n", "user",
+          "include_stop_str_in_output", "max_completion_tokens"} | SAMPLING
 COMPLETION = COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 CHAT = COMMON | {"messages", "logprobs", "top_logprobs"}
-ZERO_OK = {"presence_penalty", "frequency_penalty"}   # accepted only at their neutral value
 FALSE_OK = {"echo", "logprobs"}
 
 
@@ -40,9 +41,6 @@ def check_fields(body, allowed):
     unknown = sorted(k for k in body if k not in allowed)
     if unknown:
         raise bad_request(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
-    for name in ZERO_OK:
-        if body.get(name) not in (None, 0, 0.0):
-            raise bad_request(f"'{name}' is not supported (only 0)", name)
     for name in FALSE_OK:
         if body.get(name) not in (None, False, 0):
             raise bad_request(f"'{name}' is not supported", name)
@@ -79,16 +77,39 @@ def sampling_params(body, config, context_len):
     seed = _number(body, "seed", None, integer=True)
     if seed is not None and not 0 <= seed < 2**63:
         raise bad_request("'seed' must be between 0 and 2**63-1", "seed")
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
-        top_k=_number(body, "top_k", 0, -1, 1 << 20, integer=True),
-        seed=seed,
-        stop=tuple(stop),
-        ignore_eos=bool(body.get("ignore_eos", False)),
-        include_stop_str_in_output=bool(body.get("include_stop_str_in_output", False)),
-    )
+    bias = body.get("logit_bias")
+    if bias is not None and not isinstance(bias, dict):
+        raise bad_request(f"'logit_bias' must be an object of token ids to numbers, got {json_type(bias)}",
+                          "logit_bias")
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None and not (isinstance(stop_ids, list) and len(stop_ids) <= 64):
+        raise bad_request("'stop_token_ids' must be a list of at most 64 token ids", "stop_token_ids")
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=_number(body, "top_p", 1.0),
+            top_k=_number(body, "top_k", 0, -1, 1 << 20, integer=True),
+            min_p=_number(body, "min_p", 0.0),
+            presence_penalty=_number(body, "presence_penalty", 0.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0),
+            repetition_penalty=_number(body, "repetition_penalty", 1.0),
+            logit_bias=bias or None,
+            min_tokens=_number(body, "min_tokens", 0, integer=True),
+            seed=seed,
+            stop=tuple(stop),
+            stop_token_ids=tuple(stop_ids or ()),
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            include_stop_str_in_output=bool(body.get("include_stop_str_in_output", False)),
+        )
+    except ValueError as e:   # SamplingParams names the field first
+        raise bad_request(f"'{str(e).split(' ', 1)[0]}' {str(e).split(' ', 1)[1]}", param_of(e)) from None
+
+
+def param_of(e):
+    """The request field a sampling ValueError is about (its message starts with the field's name)."""
+    name = str(e).split(" ", 1)[0]
+    return name if name in SAMPLING or name in ("max_tokens", "logprobs", "top_logprobs") else None
 
 
 def include_usage(body):

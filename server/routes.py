@@ -122,7 +122,7 @@ def api_error(e, state, chat):
         return APIError(503, "the server is shutting down", "server_error")
     if isinstance(e, EngineError):
         return APIError(500, str(e), "server_error")
-    return bad_request(str(e), "messages" if chat else "prompt")
+    return bad_request(str(e), openai_api.param_of(e) or ("messages" if chat else "prompt"))
 
 
 def _chat_prompt(manager, messages):

@@ -10,13 +10,27 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rosefast.engine import _sample_ops_py, sample_ops
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampler import Sampler, seeded_uniform
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.sequence import Sequence
+from tests.conftest import REQUIRE_EXTENSIONS
 
 ALPHA = 1e-3   # significance of each chi-square test (the draws are seeded: each run gives the same verdict)
 DRAWS = 20_000
+
+
+@pytest.fixture(params=["c", "py"])
+def ops(request, monkeypatch):
+    """Run the test on the compiled sampling kernels and on their torch twin."""
+    if request.param == "py":
+        monkeypatch.setattr(sample_ops, "_impl", _sample_ops_py)
+    elif sample_ops._impl is _sample_ops_py:
+        if REQUIRE_EXTENSIONS:
+            raise AssertionError("the compiled sampling kernels are not built")
+        pytest.skip("compiled sampling kernels not built")
+    return request.param
 
 
 @dataclass
@@ -78,7 +92,7 @@ SETTINGS = [dict(temperature=0.7), dict(temperature=1.0, top_k=6), dict(temperat
 
 @pytest.mark.parametrize("settings_", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
 @pytest.mark.parametrize("streams", ["seeds", "positions"])
-def test_draws_follow_the_analytic_distribution(settings_, streams):
+def test_draws_follow_the_analytic_distribution(settings_, streams, ops):
     """20,000 draws from one fixed logits row: across 20,000 seeds at one position, and along one seeded
     request's positions. Tokens the settings exclude are never drawn."""
     logits = fixed_row()
@@ -94,7 +108,7 @@ def test_draws_follow_the_analytic_distribution(settings_, streams):
     assert chi_square_p(counts, probs) > ALPHA
 
 
-def test_the_chi_square_check_rejects_a_wrong_distribution():
+def test_the_chi_square_check_rejects_a_wrong_distribution(ops):
     """The check itself has power: the same draws fail against the untempered distribution."""
     logits = fixed_row()
     tokens = Sampler(len(logits))(logits.float().expand(DRAWS, -1),
@@ -123,7 +137,7 @@ def penalized_reference(logits, prompt, outputs, rep, freq, pres):
     return out
 
 
-def test_penalties_change_the_logits_as_defined_and_follow_each_new_token():
+def test_penalties_change_the_logits_as_defined_and_follow_each_new_token(ops):
     V = 30
     logits = torch.randn(V, generator=torch.Generator().manual_seed(1)) * 3
     params = SamplingParams(temperature=0, repetition_penalty=1.7, frequency_penalty=0.4, presence_penalty=0.3)
@@ -143,7 +157,7 @@ def test_penalties_change_the_logits_as_defined_and_follow_each_new_token():
     assert len(sampler.penalties) == 0 and not sampler.penalties.counts.any()
 
 
-def test_logit_bias_minus_100_bans_a_token_and_min_tokens_holds_eos_off():
+def test_logit_bias_minus_100_bans_a_token_and_min_tokens_holds_eos_off(ops):
     V = 20
     logits = torch.zeros(1, V)
     logits[0, 3] = 12.0                                 # by far the likeliest
@@ -159,7 +173,7 @@ def test_logit_bias_minus_100_bans_a_token_and_min_tokens_holds_eos_off():
     assert picks[0] != 0 and picks[1] != 0 and picks[2:] == [0, 0]
 
 
-def test_the_allowed_token_mask_is_applied_before_sampling():
+def test_the_allowed_token_mask_is_applied_before_sampling(ops):
     V = 70
     logits = torch.randn(3, V, generator=torch.Generator().manual_seed(2))
     allowed_ids = [[5, 40, 69], [0, 33]]
@@ -175,7 +189,7 @@ def test_the_allowed_token_mask_is_applied_before_sampling():
         assert out[0] in allowed_ids[0] and out[2] in allowed_ids[1]
 
 
-def test_a_seeded_request_gets_the_same_tokens_in_any_batch(tiny_llama):
+def test_a_seeded_request_gets_the_same_tokens_in_any_batch(tiny_llama, ops):
     engine = LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=16384, block_size=16, max_batch_size=64)
     prompt = engine.tokenizer("a seeded request").input_ids
     mine = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
@@ -295,3 +309,36 @@ def test_sampling_params_fast_check_accepts_only_what_the_full_check_accepts(kwa
     params._validate()                 # raises if the fast check let a bad value through
     assert repr(params) == before      # and the full check would have normalised nothing differently
     assert math.isfinite(params.temperature)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_draws_agree_with_the_twin(dtype):
+    """Row by row, the C kernels and the torch twin pick the same token for the same uniform (but for the
+    rare draw that lands within rounding of a boundary, or among ties), on real-sized rows, mixed settings
+    in one batch."""
+    from rosefast.engine import _sample_ops_c
+
+    S, V = 256, 49152
+    logits = (torch.randn(S, V, generator=torch.Generator().manual_seed(4)) * 4).to(dtype)
+    rng = np.random.default_rng(1)
+    temps = [float(t) for t in rng.uniform(0.3, 1.6, S)]
+    ks = [int(k) if k < 300 else 0 for k in rng.integers(1, 600, S)]
+    ps = [float(p) if p < 1 else 1.0 for p in rng.uniform(0.2, 1.4, S)]
+    ms = [float(m) if m < 0.2 else 0.0 for m in rng.uniform(0, 0.4, S)]
+    u = seeded_uniform(torch.arange(S, dtype=torch.long), torch.full((S,), 9, dtype=torch.long))
+    compiled = _sample_ops_c.sample(logits, temps, ks, ps, ms, u)
+    twin = _sample_ops_py.sample(logits, temps, ks, ps, ms, u)
+    # bf16 rows hold many exactly equal logits: at a top_p threshold the twin keeps a prefix of the sorted
+    # ties, the kernels keep all of them, and a draw near there may differ
+    assert (compiled == twin).float().mean() >= (0.995 if dtype is torch.float32 else 0.97)
+    assert torch.equal(_sample_ops_c.argmax(logits), _sample_ops_py.argmax(logits))
+
+
+def test_top_k_holds_for_its_rows_in_a_batch_with_rows_that_ask_none(ops):
+    """A row without top_k must not switch it off for the others (the twin once took the largest k of the
+    batch, V, and limited nobody)."""
+    logits = fixed_row().float()
+    top3 = set(logits.topk(3).indices.tolist())
+    rows = [Row(SamplingParams(temperature=2.0, top_k=3 if i % 2 else 0), seed=i) for i in range(4000)]
+    tokens = Sampler(len(logits))(logits.expand(len(rows), -1), rows).token_ids
+    assert set(tokens[1::2]) <= top3 and not set(tokens[0::2]) <= top3

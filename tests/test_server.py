@@ -110,7 +110,7 @@ BAD = [
     ("/v1/completions", {"prompt": list(range(1, 1500))}, 400, "context length is 1024"),
     ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "'temperature' must be a number"),
     ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', 400, "invalid JSON"),
-    ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "'top_p' must be between"),
+    ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "'top_p' must be in (0, 1]"),
     ("/v1/completions", {"prompt": "x", "n": 2}, 400, "'n' must be 1"),
     ("/v1/completions", {"prompt": "x", "frobnicate": 1}, 400, "unsupported field(s): frobnicate"),
     ("/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "'logprobs' is not supported"),
@@ -122,6 +122,41 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, 400, "content must be a string"),
     ("/v1/nowhere", {}, 404, "not found"),
 ]
+
+
+BAD_SAMPLING = [("top_p", 1.5), ("min_p", 2), ("presence_penalty", 3), ("frequency_penalty", -2.5),
+                ("repetition_penalty", 0), ("logit_bias", {"5": 500}), ("logit_bias", {"999999": 1}),
+                ("logit_bias", {"x": 1}), ("logit_bias", [1]), ("min_tokens", 99), ("stop_token_ids", [10**7]),
+                ("stop_token_ids", "7"), ("temperature", -1)]
+
+
+@pytest.mark.parametrize("field, value", BAD_SAMPLING, ids=[f"{f}={v}" for f, v in BAD_SAMPLING])
+def test_bad_sampling_fields_are_a_400_naming_the_field(server, field, value):
+    for path, body in (("/v1/completions", {"prompt": "x"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
+        r = requests.post(server.url + path, json={**body, "max_tokens": 4, field: value})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == field and field in err["message"], err
+
+
+def test_sampling_fields_through_the_openai_client(client, offline):
+    prompt = "The sampling fields"
+    base = dict(model="tiny", prompt=prompt, max_tokens=12)
+    want = offline.generate([prompt], SamplingParams(max_tokens=12, temperature=0), use_tqdm=False)[0]
+    greedy = client.completions.create(**base, temperature=0)
+    assert greedy.choices[0].text == want["text"]
+    banned = client.completions.create(**base, temperature=0, logit_bias={str(want["token_ids"][0]): -100})
+    assert banned.choices[0].text != greedy.choices[0].text
+    penalized = client.completions.create(**base, temperature=0, frequency_penalty=2.0, presence_penalty=2.0,
+                                          extra_body={"repetition_penalty": 1.5, "min_tokens": 3})
+    assert penalized.usage.completion_tokens >= 3
+    seeded = [client.completions.create(**base, temperature=1.0, top_p=0.9, seed=11, extra_body={"min_p": 0.01})
+              for _ in range(2)]
+    assert seeded[0].choices[0].text == seeded[1].choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        **base, temperature=1.0, top_p=0.9, seed=11, extra_body={"min_p": 0.01}, stream=True) if c.choices)
+    assert streamed == seeded[0].choices[0].text
 
 
 @pytest.mark.parametrize("path, body, status, message", BAD, ids=[f"{i}-{b[3][:20]}" for i, b in enumerate(BAD)])

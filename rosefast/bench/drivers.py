@@ -70,7 +70,8 @@ def run_inprocess(manager, args, prompts, progress=None):
     from rosefast.engine.sampling import SamplingParams
     from rosefast.errors import OverloadedError
 
-    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0, ignore_eos=args.no_stop_on_eos)
+    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                            ignore_eos=args.no_stop_on_eos)
     work = _queue.SimpleQueue()
 
     def consumer():
@@ -122,8 +123,8 @@ def run_inprocess(manager, args, prompts, progress=None):
 
 async def _http_one(client, args, model, prompt, s, progress):
     chat = args.chat and isinstance(prompt, str)
-    body = {"model": model, "max_tokens": args.max_new_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"model": model, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "stream": True, "stream_options": {"include_usage": True}}
     if args.no_stop_on_eos:
         body["ignore_eos"] = True
     if chat:

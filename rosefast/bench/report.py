@@ -43,7 +43,8 @@ def print_report(f, args, http, model_name, device):
     p(f"Settings: max_batch_size={args.max_batch_size} prefill_max_batch_size={args.prefill_max_batch_size} "
       f"max_active_requests={args.max_active_requests or '-'} max_inflight_requests={args.max_inflight_requests or 'unbounded'} "
       f"tokenize_workers={args.tokenize_workers} pretok={args.pretok} max_new_tokens={args.max_new_tokens} "
-      f"stop_on_eos={not args.no_stop_on_eos} prefix_cache={not args.no_prefix_cache}")
+      f"stop_on_eos={not args.no_stop_on_eos} prefix_cache={not args.no_prefix_cache} "
+      f"temperature={args.temperature} top_p={args.top_p}")
     p(f"Requests: {f['requests']}   Completed: {f['completed']}   Rejected: {f['rejected']}   Errors: {f['errors']}")
     p(f"Prompt tokens (accepted): {f['prompt_tokens']}   Completion tokens: {f['completion_tokens']}")
     p(f"Submit wall: {f['submit_wall_ms']:.1f} ms")

@@ -41,6 +41,8 @@ def build_parser():
     a("--kv-cache-tokens", type=int, default=0)
     a("--pretok", action="store_true", help="submit token ids (tokenized before the run)")
     a("--no-stop-on-eos", action="store_true", help="ignore EOS: every request makes --max-new-tokens tokens")
+    a("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    a("--top-p", type=float, default=1.0)
     a("--no-prefix-cache", action="store_true")
     a("--no-cuda-graph", action="store_true")
     a("--nvtx", action="store_true", help="NVTX ranges around engine steps (CUDA; a no-op on CPU)")

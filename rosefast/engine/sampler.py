@@ -9,19 +9,22 @@ Rows with different settings share the pass; each stage runs only when some row 
    (EOS and stop ids masked until reached), and an allowed-token bitmask per row (`allowed`: the hook
    structured output plugs into; xgrammar's layout: bit j of int32 word i allows token 32 i + j);
 2. greedy rows take the argmax of the processed logits;
-3. sampled rows: temperature, top_k (one topk at the largest k), softmax, top_p (a sort of the rows
-   that ask, the kept mass scattered back), min_p — vLLM's order —, then one draw by inverse CDF: the first token whose
-   cumulative probability reaches u x total. u is one uniform per row, a stateless integer hash of the
-   sequence's (seed, position), so its tokens do not depend on the batch it is in or its size; a request
-   without a seed gets one drawn from the engine's generator (seeded by the config's seed) when it
-   arrives. One uniform per row costs one cumsum over the row; Gumbel-max would need B x V hashed noise
-   per step. No torch generator is involved: the pass is the same on every device.
+3. sampled rows: temperature, top_k, top_p, min_p (vLLM's order), then one draw by inverse CDF: the
+   first token whose cumulative probability reaches u x total (rosefast.engine.sample_ops: C kernels on
+   the CPU that find the top_k / top_p thresholds with a histogram instead of a sort; the torch twin
+   elsewhere). u is one uniform per row, a stateless integer hash of the sequence's (seed, position), so
+   its tokens do not depend on the batch it is in or its size; a request without a seed gets one drawn
+   from the engine's generator (seeded by the config's seed) when it arrives. One uniform per row costs
+   one pass over the row; Gumbel-max would need B x V hashed noise per step. No torch generator is
+   involved: the pass is the same on every device.
 Logprobs are of the raw model distribution (log_softmax of the unprocessed logits, fp32), as vLLM and
 OpenAI report them: what the model thought of each token, whatever the request's sampling settings did.
 """
 from dataclasses import dataclass
 
 import torch
+
+from rosefast.engine import sample_ops
 
 _NEG_INF = float("-inf")
 _MASK32 = 0xFFFFFFFF
@@ -126,11 +129,7 @@ class Sampler:
         self.penalties.release(request_id)
 
     def _tensor(self, values, dtype):
-        """Per-row values on the device: on a GPU through pinned memory, so the copy does not wait for the
-        forward pass still running there."""
-        if self.device.type == "cuda" and torch.cuda.is_available():
-            return torch.tensor(values, dtype=dtype).pin_memory().to(self.device, non_blocking=True)
-        return torch.tensor(values, dtype=dtype, device=self.device)
+        return sample_ops.reference.device_tensor(values, dtype, self.device)
 
     # -- 1. logit processing -----------------------------------------------------------------------------
 
@@ -185,18 +184,21 @@ class Sampler:
         params = [s.params for s in seqs]
         want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
         if allowed is None and not want_lp and all(p.greedy and not p.processed for p in params):
-            return SampleResult(logits.argmax(dim=-1).tolist())
-        x = logits.to(torch.float32, copy=True)                                  # [B, V]
+            return SampleResult(sample_ops.for_tensor(logits).argmax(logits).tolist())
         raw_lp = None
         if want_lp:
             lp_rows = self._tensor(want_lp, torch.long)
-            raw_lp = torch.log_softmax(x.index_select(0, lp_rows), dim=-1)       # before any processing
-        state_rows = self.process(x, seqs, allowed)
+            raw_lp = torch.log_softmax(logits.index_select(0, lp_rows).to(torch.float32), dim=-1)   # unprocessed
+        state_rows = None
+        x = logits
+        if allowed is not None or any(p.processed for p in params):
+            x = logits.to(torch.float32, copy=True)                              # [B, V], processed in place
+            state_rows = self.process(x, seqs, allowed)
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if len(sampled) == len(seqs):
             tokens = self._sample(x, seqs)
         else:
-            tokens = x.argmax(dim=-1)                                            # the greedy rows keep theirs
+            tokens = sample_ops.for_tensor(x).argmax(x)                          # the greedy rows keep theirs
             if sampled:
                 rows = self._tensor(sampled, torch.long)
                 tokens.index_copy_(0, rows, self._sample(x.index_select(0, rows), [seqs[i] for i in sampled]))
@@ -207,40 +209,14 @@ class Sampler:
             return SampleResult(tokens.tolist())
         return self._with_logprobs(tokens, raw_lp, lp_rows, want_lp, params)
 
-    def _rows(self, x, rows_list, rows):
-        """x's rows `rows_list` (a copy), or x itself when that is every row."""
-        return x if len(rows_list) == x.shape[0] else x.index_select(0, rows)
-
     def _sample(self, x, seqs):
-        """One token per row of fp32 logits x [S, V] (modified), each row by its own settings: temperature,
-        top_k, top_p, min_p (vLLM's order), then the draw."""
+        """One token per row of logits x [S, V], each row by its own settings (sample_ops: the C kernels on
+        CPU, the torch twin elsewhere)."""
         params = [s.params for s in seqs]
-        S, V = x.shape
-        x.div_(self._tensor([p.temperature for p in params], torch.float32)[:, None])
-        ks = [p.top_k if 0 < p.top_k < V else V for p in params]
-        k_max = max(ks)
-        if k_max < V:
-            kth = x.topk(k_max, dim=-1, sorted=True).values.gather(1, self._tensor([k - 1 for k in ks], torch.long)[:, None])
-            limited = self._tensor([k < V for k in ks], torch.bool)[:, None]
-            x.masked_fill_(limited & (x < kth), _NEG_INF)
-        probs = torch.softmax(x, dim=-1)
-        nucleus = [i for i, p in enumerate(params) if p.top_p < 1.0]
-        if nucleus:
-            rows = self._tensor(nucleus, torch.long)
-            pr = self._rows(probs, nucleus, rows)
-            ordered, order = pr.sort(dim=-1, descending=True)
-            top_p = self._tensor([params[i].top_p for i in nucleus], torch.float32)[:, None]
-            # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
-            drop = (ordered.cumsum(dim=-1) - ordered) >= top_p
-            kept = torch.zeros_like(pr).scatter_(1, order, ordered.masked_fill_(drop, 0.0))
-            probs = kept if pr is probs else probs.index_copy_(0, rows, kept)
-        if any(p.min_p > 0 for p in params):
-            floor = self._tensor([p.min_p for p in params], torch.float32)[:, None] * probs.amax(dim=-1, keepdim=True)
-            probs.masked_fill_(probs < floor, 0.0)
         u = seeded_uniform(self._tensor([s.seed for s in seqs], torch.long),
                            self._tensor([s.num_tokens for s in seqs], torch.long))
-        cdf = probs.cumsum_(dim=-1)
-        return torch.searchsorted(cdf, u[:, None] * cdf[:, -1:]).clamp_(max=V - 1).squeeze(1)
+        return sample_ops.for_tensor(x).sample(x, [p.temperature for p in params], [max(p.top_k, 0) for p in params],
+                                               [p.top_p for p in params], [p.min_p for p in params], u)
 
     def _with_logprobs(self, tokens, raw_lp, lp_rows, want_lp, params):
         """The ids and the asked logprobs in one host copy: [B] ids, then per asking row its chosen logprob

@@ -1,0 +1,51 @@
+"""The sampler's per-row ops in torch: the reference twin of _sample_ops_c, and the path on CUDA and for
+other dtypes. Same arguments and results as the compiled flavour (draws agree but for rounding at a
+boundary)."""
+import torch
+
+_NEG_INF = float("-inf")
+
+
+def device_tensor(values, dtype, device):
+    """Per-row values on `device`: on a GPU through pinned memory, so the copy does not wait for the work
+    still queued there."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def argmax(logits):
+    """[S, V] -> [S] long: each row's first largest entry."""
+    return logits.argmax(dim=-1)
+
+
+def sample(logits, temperature, top_k, top_p, min_p, u):
+    """One token per row of logits [S, V] (not modified): per-row lists temperature (> 0), top_k (0: all),
+    top_p, min_p; u an [S] float32 tensor of uniforms in (0, 1] on the logits' device. Temperature, top_k,
+    top_p, min_p (vLLM's order), then the first token whose cumulative probability reaches u x total."""
+    S, V = logits.shape
+    dev = logits.device
+    x = logits.to(torch.float32, copy=True)
+    x.div_(device_tensor(temperature, torch.float32, dev)[:, None])
+    limited = [0 < k < V for k in top_k]
+    if any(limited):   # one topk at the largest k asked; rows that ask none keep every token
+        k_max = max(k for k, lim in zip(top_k, limited) if lim)
+        kth = x.topk(k_max, dim=-1, sorted=True).values.gather(
+            1, device_tensor([k - 1 if lim else 0 for k, lim in zip(top_k, limited)], torch.long, dev)[:, None])
+        x.masked_fill_(device_tensor(limited, torch.bool, dev)[:, None] & (x < kth), _NEG_INF)
+    probs = torch.softmax(x, dim=-1)
+    nucleus = [i for i, p in enumerate(top_p) if p < 1.0]
+    if nucleus:
+        rows = device_tensor(nucleus, torch.long, dev)
+        pr = probs if len(nucleus) == S else probs.index_select(0, rows)
+        ordered, order = pr.sort(dim=-1, descending=True)
+        p = device_tensor([top_p[i] for i in nucleus], torch.float32, dev)[:, None]
+        # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
+        drop = (ordered.cumsum(dim=-1) - ordered) >= p
+        kept = torch.zeros_like(pr).scatter_(1, order, ordered.masked_fill_(drop, 0.0))
+        probs = kept if pr is probs else probs.index_copy_(0, rows, kept)
+    if any(m > 0 for m in min_p):
+        floor = device_tensor(min_p, torch.float32, dev)[:, None] * probs.amax(dim=-1, keepdim=True)
+        probs.masked_fill_(probs < floor, 0.0)
+    cdf = probs.cumsum_(dim=-1)
+    return torch.searchsorted(cdf, u[:, None] * cdf[:, -1:]).clamp_(max=V - 1).squeeze(1)
