@@ -105,38 +105,58 @@ static double rf_kept_sum(const float *e, int64_t n, float cut) {
     return total;
 }
 
-/* e[j] = exp((x[j] - max) * inv_t) for one row already widened to fp32 in e. */
+/* e[j] = exp((x[j] - max) * inv_t) for one row already widened to fp32 in e, whose max is given. */
 RF_SIMD_CLONES
-static void rf_softmax_numerators(float *e, int64_t V, float inv_t) {
-    float lanes[16];
-    for (int l = 0; l < 16; l++)
-        lanes[l] = -INFINITY;
-    int64_t j = 0;
-    for (; j + 16 <= V; j += 16)
-        for (int l = 0; l < 16; l++)
-            lanes[l] = e[j + l] > lanes[l] ? e[j + l] : lanes[l];
-    float m = -INFINITY;
-    for (; j < V; j++)
-        m = e[j] > m ? e[j] : m;
-    for (int l = 0; l < 16; l++)
-        m = lanes[l] > m ? lanes[l] : m;
-    for (j = 0; j < V; j++) {
+static void rf_softmax_numerators(float *e, int64_t V, float m, float inv_t) {
+    for (int64_t j = 0; j < V; j++) {
         float z = (e[j] - m) * inv_t;
         float v = rf_exp(z);
         e[j] = z < -87.0f ? 0.0f : v;   /* a masked (-inf) logit, or one too small for fp32, has no mass */
     }
 }
 
+/* Widen one row into buf and return its max, in one pass. */
+#define RF_DEFINE_LOAD_MAX(NAME, T, LOAD)                                                                     \
+    RF_SIMD_CLONES                                                                                            \
+    static float NAME(const T *row, int64_t V, float *buf) {                                                  \
+        float lanes[16];                                                                                      \
+        for (int l = 0; l < 16; l++)                                                                          \
+            lanes[l] = -INFINITY;                                                                             \
+        int64_t j = 0;                                                                                        \
+        for (; j + 16 <= V; j += 16)                                                                          \
+            for (int l = 0; l < 16; l++) {                                                                    \
+                float v = LOAD(row[j + l]);                                                                   \
+                buf[j + l] = v;                                                                               \
+                lanes[l] = v > lanes[l] ? v : lanes[l];                                                       \
+            }                                                                                                 \
+        float m = -INFINITY;                                                                                  \
+        for (; j < V; j++) {                                                                                  \
+            buf[j] = LOAD(row[j]);                                                                            \
+            m = buf[j] > m ? buf[j] : m;                                                                      \
+        }                                                                                                     \
+        for (int l = 0; l < 16; l++)                                                                          \
+            m = lanes[l] > m ? lanes[l] : m;                                                                  \
+        return m;                                                                                             \
+    }
+
+static inline float rf_f32_load(float f) { return f; }
+RF_DEFINE_LOAD_MAX(rf_load_max_f32, float, rf_f32_load)
+RF_DEFINE_LOAD_MAX(rf_load_max_bf16, uint16_t, rf_bf16_load)
+
 #define RF_DRAW_BLOCK 256
 
-static int64_t rf_draw_row(float *e, int64_t V, float temperature, int64_t top_k, float top_p, float min_p,
-                           float u, float *scratch, rf_histogram *h) {
-    rf_softmax_numerators(e, V, 1.0f / temperature);
+static int64_t rf_draw_row(float *e, int64_t V, float m, float temperature, int64_t top_k, float top_p,
+                           float min_p, float u, float *scratch, rf_histogram *h) {
+    rf_softmax_numerators(e, V, m, 1.0f / temperature);
     float cut = 0.0f;
     if (top_k > 0 && top_k < V)
         cut = rf_threshold(e, V, 0, (double)top_k, 0.0f, scratch, h);
     if (top_p < 1.0f) {
-        float p_cut = rf_threshold(e, V, 1, (double)top_p * rf_kept_sum(e, V, cut), cut, scratch, h);
+        /* A kept value has at least (1 - top_p) of the mass at or below it, and that mass is at most V times
+         * the value: nothing under (1 - top_p) x total / V can be kept, so the histogram skips it. */
+        double total = rf_kept_sum(e, V, cut);
+        float low = (float)((1.0 - (double)top_p) * total / (double)V * 0.999);   /* 0.999: rounding */
+        float p_cut = rf_threshold(e, V, 1, (double)top_p * total, low > cut ? low : cut, scratch, h);
         cut = p_cut > cut ? p_cut : cut;
     }
     if (min_p > cut)                 /* the largest numerator is exp(0) = 1 */
@@ -181,7 +201,7 @@ static int64_t rf_draw_row(float *e, int64_t V, float temperature, int64_t top_k
     return start;
 }
 
-#define RF_DEFINE_SAMPLE(NAME, T, LOAD)                                                                       \
+#define RF_DEFINE_SAMPLE(NAME, T, LOAD_MAX)                                                                   \
     static int NAME(const T *logits, int64_t S, int64_t V, const float *temperature, const int64_t *top_k,     \
                     const float *top_p, const float *min_p, const float *u, int64_t *out) {                   \
         int failed = 0;                                                                                       \
@@ -195,10 +215,8 @@ static int64_t rf_draw_row(float *e, int64_t V, float temperature, int64_t top_k
             for (int64_t i = 0; i < S; i++) {                                                                 \
                 if (buf == NULL)                                                                              \
                     continue;                                                                                 \
-                const T *row = logits + i * V;                                                                \
-                for (int64_t j = 0; j < V; j++)                                                               \
-                    buf[j] = LOAD(row[j]);                                                                    \
-                out[i] = rf_draw_row(buf, V, temperature[i], top_k[i], top_p[i], min_p[i], u[i], buf + V,     \
+                float m = LOAD_MAX(logits + i * V, V, buf);                                                   \
+                out[i] = rf_draw_row(buf, V, m, temperature[i], top_k[i], top_p[i], min_p[i], u[i], buf + V,  \
                                      (rf_histogram *)(buf + 2 * V));                                          \
             }                                                                                                 \
             free(buf);                                                                                        \
@@ -206,9 +224,8 @@ static int64_t rf_draw_row(float *e, int64_t V, float temperature, int64_t top_k
         return failed ? -1 : 0;                                                                               \
     }
 
-static inline float rf_f32_load(float f) { return f; }
-RF_DEFINE_SAMPLE(rf_sample_f32, float, rf_f32_load)
-RF_DEFINE_SAMPLE(rf_sample_bf16, uint16_t, rf_bf16_load)
+RF_DEFINE_SAMPLE(rf_sample_f32, float, rf_load_max_f32)
+RF_DEFINE_SAMPLE(rf_sample_bf16, uint16_t, rf_load_max_bf16)
 
 #define RF_DEFINE_ARGMAX(NAME, T, LOAD)                                                                       \
     RF_SIMD_CLONES                                                                                            \
