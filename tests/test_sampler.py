@@ -342,3 +342,34 @@ def test_top_k_holds_for_its_rows_in_a_batch_with_rows_that_ask_none(ops):
     rows = [Row(SamplingParams(temperature=2.0, top_k=3 if i % 2 else 0), seed=i) for i in range(4000)]
     tokens = Sampler(len(logits))(logits.expand(len(rows), -1), rows).token_ids
     assert set(tokens[1::2]) <= top3 and not set(tokens[0::2]) <= top3
+
+
+def test_prompt_logprobs_equal_hugging_face_over_the_prompt(default_model):
+    """Every prompt position's logprob (the first has none) and top k, in one prefill, in chunks, and with
+    the prompt's blocks already in the prefix cache (which must not skip a position whose logprob is asked)."""
+    from rosefast.models import load_hf_model
+
+    engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, block_size=4,
+                       max_num_batched_tokens=7)
+    prompt = engine.tokenizer("The quick brown fox jumps over the lazy dog, and then it sleeps.").input_ids
+    hf = load_hf_model(default_model)
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=3)
+    plain = SamplingParams(max_tokens=2, temperature=0)
+    runs = [engine.generate([prompt], params, use_tqdm=False)[0]]             # chunks of 7 tokens
+    engine.generate([prompt], plain, use_tqdm=False)                          # its blocks are cached now
+    hits = engine.block_manager.hits
+    runs.append(engine.generate([prompt], params, use_tqdm=False)[0])
+    assert engine.block_manager.hits == hits                                   # no cached block was used
+    assert engine.generate([prompt], plain, use_tqdm=False)[0]["token_ids"] == runs[0]["token_ids"]
+    assert engine.block_manager.hits > hits                                    # ... though there were some
+    for out in runs:
+        entries = out["prompt_logprobs"]
+        assert len(entries) == len(prompt) and entries[0] is None
+        for pos, (chosen, top) in enumerate(entries[1:], start=1):
+            row = ref[pos - 1]
+            assert abs(chosen - float(row[prompt[pos]])) < 1e-4
+            values, ids = row.topk(3)
+            assert [t for t, _ in top] == ids.tolist()
+            assert max(abs(lp - float(v)) for (_, lp), v in zip(top, values)) < 1e-4

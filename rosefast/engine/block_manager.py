@@ -55,7 +55,7 @@ class BlockManager:
     def lookup(self, seq):
         """The cached leading blocks of `seq` (at most all but its last token), and whether the search
         ended on a miss. Changes nothing: pass the result to can_allocate and allocate."""
-        if not self.enable_prefix_cache:
+        if not self.enable_prefix_cache or seq.wants_prompt_logprobs:   # every position computed, none skipped
             return [], False
         bs, found, prev = self.block_size, [], None
         for i in range((seq.num_tokens - 1) // bs):

@@ -23,6 +23,7 @@ class StepOutput:
     finish_reason: str = None   # "stop" (EOS or a stop token), "length" (max_tokens or context), "abort"
     scheduled_at: float = None  # with a request's first token: when its prefill was first scheduled
     logprobs: list = None       # when asked: per new token, (its logprob, [(token, logprob)] top k) (raw model)
+    prompt_logprobs: list = None  # when asked, with the first token: per prompt token the same (the first: None)
 
 
 @dataclass
@@ -156,7 +157,10 @@ class LLMEngine:
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table)
                   for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)]
-        logits = self.runner.forward(inputs, step.is_prefill)
+        full = {i for i, s in enumerate(step.seqs) if step.is_prefill and s.wants_prompt_logprobs}
+        logits = self.runner.forward(inputs, step.is_prefill, all_logits=full)
+        if full:
+            logits = self._prompt_logprobs(step, full, logits)
         if len(sampling) < len(step.seqs):   # a chunked prefill in the step: only the finished rows sample
             logits = logits[sampling]
         sampled = self.runner.sampler(logits, [step.seqs[i] for i in sampling]) if sampling else None
@@ -174,9 +178,36 @@ class LLMEngine:
             if reason is not None:
                 self._end(seq, reason)
             first = seq.scheduled_at if seq.num_output_tokens == 1 else None
+            prompt_lp = seq.prompt_logprobs if seq.num_output_tokens == 1 else None
             outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, first,
-                                      None if lp is None else [lp]))
+                                      None if lp is None else [lp], prompt_lp))
         return outputs
+
+    def _prompt_logprobs(self, step, full, logits):
+        """Fill the prompt logprobs of the sequences in `full` from their rows of this prefill's logits (each
+        row predicts the next prompt token); return one row per sequence, its last, for sampling."""
+        last, rows, targets, start = [], [], [], 0
+        for i, (seq, n) in enumerate(zip(step.seqs, step.chunks)):
+            count = n if i in full else 1
+            if i in full:   # rows for positions num_cached .. num_cached + n - 1; the next token is a prompt one
+                for j in range(n):
+                    pos = seq.num_cached + j + 1
+                    if pos < seq.num_prompt_tokens:
+                        rows.append(start + j)
+                        targets.append(seq.token_ids[pos])
+            last.append(start + count - 1)
+            start += count
+        if rows:
+            k = max(step.seqs[i].params.prompt_logprobs for i in full)
+            entries = iter(self.runner.sampler.prompt_logprobs(logits[rows], targets, k))
+            for i in sorted(full):
+                seq = step.seqs[i]
+                n = min(step.chunks[i], seq.num_prompt_tokens - 1 - seq.num_cached)
+                want = seq.params.prompt_logprobs
+                for _ in range(max(n, 0)):
+                    chosen, top = next(entries)
+                    seq.prompt_logprobs.append((chosen, top[:want]))
+        return logits[last]
 
     def _end(self, seq, reason):
         """A sequence is done (finished, aborted or cut short): out of the scheduler, the sampler, the index."""
@@ -209,6 +240,8 @@ class LLMEngine:
         for rid, sp in zip(ids, plist):
             if sp.logprobs is not None:
                 results[rid]["logprobs"] = []
+            if sp.prompt_logprobs is not None:
+                results[rid]["prompt_logprobs"] = None
         with tqdm(total=len(ids), desc="rosefast generate", disable=not use_tqdm, unit="req") as bar:
             while any(results[r]["finish_reason"] is None for r in ids):
                 result = self.step()
@@ -219,6 +252,8 @@ class LLMEngine:
                         results[out.request_id]["token_ids"] += out.new_token_ids
                         if out.logprobs:
                             results[out.request_id]["logprobs"] += out.logprobs
+                        if out.prompt_logprobs is not None:
+                            results[out.request_id]["prompt_logprobs"] = out.prompt_logprobs
                         if out.finished:
                             results[out.request_id]["finish_reason"] = out.finish_reason
                             bar.update()

@@ -90,15 +90,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, seqs, is_prefill, all_logits=False):
-        """Logits [B, V] for each sequence's last new token (all new tokens' [T, V] with all_logits), in the
-        model's dtype: greedy rows take their argmax there (the same index as in fp32); the sampler widens
-        only the rows it samples."""
+        """Logits for each sequence's last new token, [B, V], in the model's dtype: greedy rows take their
+        argmax there (the same index as in fp32); the sampler widens only the rows it samples. In a prefill,
+        `all_logits` (True, or a set of sequence indices) gives those sequences a row for every new token
+        instead: the rows come in sequence order, all of a chosen sequence's, else its last one."""
         if is_prefill:
             input_ids, positions, meta = self.prepare_prefill(seqs)
             hidden = self.model(input_ids, positions, meta, self.kv.layers)
-            if not all_logits:
-                last = torch.tensor(meta.query_lens).cumsum(0) - 1
-                hidden = hidden[last.to(self.device)]
+            if all_logits is not True:
+                rows, start = [], 0
+                for i, n in enumerate(meta.query_lens):
+                    rows += range(start, start + n) if all_logits and i in all_logits else (start + n - 1,)
+                    start += n
+                hidden = hidden.index_select(0, self._tensor(rows))
         elif self.graphs is not None and self.graphs.fits(len(seqs)):
             hidden = self.graphs.run(seqs)
         else:

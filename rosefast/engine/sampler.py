@@ -218,6 +218,18 @@ class Sampler:
         return sample_ops.for_tensor(x).sample(x, [p.temperature for p in params], [max(p.top_k, 0) for p in params],
                                                [p.top_p for p in params], [p.min_p for p in params], u)
 
+    def prompt_logprobs(self, logits, targets, k):
+        """Logprobs of the given next tokens under logits [L, V] (raw, fp32) and the top k of each row: a list
+        of (logprob, [(token, logprob)]), in one host copy."""
+        lp = torch.log_softmax(logits.to(torch.float32), dim=-1)
+        chosen = lp.gather(1, self._tensor(targets, torch.long)[:, None])
+        parts = [chosen]
+        if k:
+            top = lp.topk(k, dim=-1)
+            parts += [top.values, top.indices.to(torch.float32)]
+        host = torch.cat(parts, dim=1).to(torch.float64).tolist()
+        return [(row[0], [(int(t), v) for v, t in zip(row[1:1 + k], row[1 + k:])]) for row in host]
+
     def _with_logprobs(self, tokens, raw_lp, lp_rows, want_lp, params):
         """The ids and the asked logprobs in one host copy: [B] ids, then per asking row its chosen logprob
         and the top k (values, then ids) at the largest k asked."""

@@ -114,6 +114,8 @@ class Scheduler:
         """Free the sequence's KV and put it back at the head of the queue, to be recomputed."""
         self.block_manager.free(seq)
         self.running.remove(seq)
+        if seq.wants_prompt_logprobs:   # its prompt is computed again from the start: so are they
+            seq.prompt_logprobs = [None]
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.preemptions += 1

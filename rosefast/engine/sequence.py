@@ -10,7 +10,8 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
-                 "num_cached", "num_hashed_blocks", "finish_reason", "stop_ids", "scheduled_at", "seed")
+                 "num_cached", "num_hashed_blocks", "finish_reason", "stop_ids", "scheduled_at", "seed",
+                 "prompt_logprobs")
 
     def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0):
         self.request_id = request_id
@@ -24,6 +25,9 @@ class Sequence:
         self.finish_reason = None
         self.scheduled_at = None     # perf_counter() when it was first scheduled (prefill start)
         self.seed = params.seed if params.seed is not None else seed   # keys its draws, with the position
+        # asked for: one entry per prompt token (the first has none), filled during prefill, given out with
+        # the first output token
+        self.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop.update(eos_token_ids)
@@ -41,6 +45,11 @@ class Sequence:
     def in_prefill(self):
         """Still has more than the last token to compute (a fresh, chunked or preempted sequence)."""
         return self.num_cached < self.num_tokens - 1
+
+    @property
+    def wants_prompt_logprobs(self):
+        """Its prompt's logprobs are still to be computed (a prefill must cover every prompt position)."""
+        return self.prompt_logprobs is not None and self.num_output_tokens == 0
 
     @property
     def finished(self):
