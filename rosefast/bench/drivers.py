@@ -122,6 +122,7 @@ def run_inprocess(manager, args, prompts, progress=None):
 # -- over HTTP ---------------------------------------------------------------------------------------
 
 async def _http_one(client, args, model, prompt, s, progress):
+    s.t_call = time.perf_counter()   # when the client's loop really starts it: a busy client shows as lag
     chat = args.chat and isinstance(prompt, str)
     body = {"model": model, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
             "stream": True, "stream_options": {"include_usage": True}}
