@@ -29,9 +29,6 @@ class StepBatch:
         if finished:
             record.finish()
 
-    def __len__(self):
-        return len(self.signals)
-
 
 class Outbox:
     def __init__(self, waker):
