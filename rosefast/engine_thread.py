@@ -116,17 +116,19 @@ class EngineThread:
 
     def _handle(self, item):
         record = item[1]
-        if item[0] == "add":
+        if item[0] == "add":             # a prompt's first choice (its forks are the others)
             if record.finished:          # aborted (or failed) while it waited for this thread
                 return
             ids = item[2]
             try:
-                self.engine.add_request(ids, record.params, request_id=record.id)
+                self.engine.add_request(ids, record.params, request_id=record.id,
+                                        fork_ids=[f.id for f in record.forks])
             except (ValueError, TypeError) as e:
-                self._outbox.fail([record], e)
+                self._outbox.fail([record, *record.forks], e)
                 return
-            record.detok = IncrementalDetokenizer(self._decoder, ids, record.params.stop,
-                                                  record.params.include_stop_str_in_output)
+            for choice in (record, *record.forks):
+                choice.detok = IncrementalDetokenizer(self._decoder, ids, record.params.stop,
+                                                      record.params.include_stop_str_in_output)
         else:
             self.engine.abort(record.id)
             if not record.finished:
@@ -159,6 +161,11 @@ class EngineThread:
                 done, reason = True, "stop"
             if done and not detok.stopped:
                 text += detok.flush()
+            if out.logprobs is not None and record.logprobs is not None:
+                record.logprobs.extend(out.logprobs)      # before the tokens are published: the consumer
+            if out.prompt_logprobs is not None:           # takes one entry per token it gets
+                for choice in (record, *record.forks):
+                    choice.prompt_logprobs = out.prompt_logprobs
             t = record.timing
             if t is not None:
                 if out.scheduled_at is not None:

@@ -16,7 +16,8 @@ inflight slot is released exactly once: when it finishes, fails or is aborted.
 Once the model is loaded, the objects made so far (torch, transformers, the model: ~340k of them) are
 moved out of the garbage collector's reach with `gc.freeze()` (`freeze_gc=False` to keep Python's
 default): a full collection over them takes ~150 ms on a 2-core CPU, and it would stall whichever
-thread triggered it: a step of every stream, or a submit. The last manager to close unfreezes them.
+thread triggered it: a step of every stream, or a submit. The last manager to close unfreezes them
+(except under gevent: see close()).
 """
 import gc
 import time
@@ -107,49 +108,79 @@ class SchedulerManager:
 
     # -- submit --------------------------------------------------------------------------------------
 
-    def add_request(self, prompt=None, *, prompt_token_ids=None, params=None, **sampling):
+    def add_request(self, prompt=None, *, prompt_token_ids=None, params=None, n=1, **sampling):
         """Admit, allocate an id and enqueue; returns the request id. Raises OverloadedError when full,
-        ValueError/TypeError for a bad request (nothing is kept of it)."""
+        ValueError/TypeError for a bad request (nothing is kept of it). With n > 1 the request has n
+        choices of the same prompt (one prefill, one admission slot); its stream gives each chunk's
+        `index`."""
+        if (prompt is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompt or prompt_token_ids")
+        return self._admit([prompt if prompt_token_ids is None else list(prompt_token_ids)], params, n, sampling)
+
+    def add_requests(self, prompts, *, params=None, n=1, **sampling):
+        """Several prompts (strings or token id lists) in one request: one stream, chunks indexed
+        prompt * n + choice. It takes one admission slot per prompt, all or none (OverloadedError)."""
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list")
+        return self._admit([p if isinstance(p, str) else list(p) for p in prompts], params, n, sampling)
+
+    def _admit(self, prompts, params, n, sampling):
         if self._closed:
             raise ShutdownError("the manager is closed")
         engine = self.engine
         if engine is None:
             raise NotReadyError("the model is still loading" if self.load_error is None else
                                 f"the model failed to load: {self.load_error}")
-        if not self.admission.try_acquire():
-            raise OverloadedError(f"{self.admission.inflight} requests in flight (max_inflight_requests="
-                                  f"{self.admission.limit}); retry later")
+        taken = 0
         try:
+            for _ in prompts:
+                if not self.admission.try_acquire():
+                    raise OverloadedError(f"{self.admission.inflight} requests in flight (max_inflight_requests="
+                                          f"{self.admission.limit}); retry later")
+                taken += 1
             params = params if params is not None else SamplingParams(**sampling)
             if params.processed or params.stop_token_ids:
                 engine.check_params(params)
-            if (prompt is None) == (prompt_token_ids is None):
-                raise ValueError("give exactly one of prompt or prompt_token_ids")
-            if prompt_token_ids is not None:
-                ids = list(prompt_token_ids)
-                engine.check_prompt(ids)
-            else:
-                if not isinstance(prompt, str) or not prompt:
-                    raise ValueError("prompt must be a non-empty string")
-                ids = None
-                if self._pool is None:
-                    ids = self._encode(prompt)
-                    engine.check_prompt(ids)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"n must be an integer >= 1, got {n!r}")
+            encoded = []
+            for prompt in prompts:
+                if isinstance(prompt, str):
+                    if not prompt:
+                        raise ValueError("prompt must be a non-empty string")
+                    ids = self._encode(prompt) if self._pool is None else None
+                else:
+                    ids = prompt
+                if ids is not None:
+                    engine.check_prompt(ids, n)
+                encoded.append(ids)
         except BaseException:
-            self.admission.release()
+            for _ in range(taken):
+                self.admission.release()
             raise
-        timing = RequestTiming() if self._record_timing else None
-        record = self.requests.add(params, self.admission, self.waker.signal(), timing)
-        if timing is not None:
-            timing.submit = time.perf_counter()
-        if ids is not None:
-            record.prompt_tokens = len(ids)
-            if timing is not None:
-                timing.tokenized, timing.prompt_tokens = timing.submit, len(ids)
-            self._engine_thread.submit(record, ids)
+        timing = RequestTiming if self._record_timing else None
+        signal = self.waker.signal()
+        if len(prompts) == 1 and n == 1:
+            leads = [self.requests.add(params, self.admission, signal, timing and timing())]
         else:
-            self._pool.submit(record, prompt)
-        return record.id
+            group = self.requests.add_group(params, self.admission, len(prompts), n, signal, timing)
+            leads = group.records[::n]
+        for lead, prompt, ids in zip(leads, prompts, encoded):
+            if lead.timing is not None:
+                lead.timing.submit = time.perf_counter()
+            if ids is not None:
+                self._set_prompt(lead, ids, lead.timing and lead.timing.submit)
+                self._engine_thread.submit(lead, ids)
+            else:
+                self._pool.submit(lead, prompt)
+        return leads[0].id
+
+    @staticmethod
+    def _set_prompt(lead, ids, tokenized):
+        for record in (lead, *lead.forks):
+            record.prompt_tokens = len(ids)
+        if lead.timing is not None:
+            lead.timing.tokenized, lead.timing.prompt_tokens = tokenized, len(ids)
 
     def _encode(self, prompt):
         self.tokenized_total += 1
@@ -158,34 +189,37 @@ class SchedulerManager:
         except Exception as e:  # noqa: BLE001 - the tokenizer's failure, not the client's
             raise EngineError(f"tokenization failed: {e}") from e
 
-    def _tokenized(self, record, ids, when):
-        """From a tokenize worker: hand the request to the engine (unless it ended meanwhile)."""
+    def _tokenized(self, lead, ids, when):
+        """From a tokenize worker: hand a prompt's choices to the engine (unless they ended meanwhile)."""
         self.tokenized_total += 1
-        if record.finished or record.aborted:
+        if lead.finished or lead.aborted:
             return
         try:
-            self.engine.check_prompt(ids)
+            self.engine.check_prompt(ids, 1 + len(lead.forks))
         except ValueError as e:
-            self._fail(record, e)
+            self._fail(lead, e)
             return
-        record.prompt_tokens = len(ids)
-        if record.timing is not None:
-            record.timing.tokenized, record.timing.prompt_tokens = when, len(ids)
-        self._engine_thread.submit(record, ids)
+        self._set_prompt(lead, ids, when)
+        self._engine_thread.submit(lead, ids)
 
-    def _fail(self, record, exc):
-        self.outbox.fail([record], exc)
+    def _fail(self, lead, exc):
+        self.outbox.fail([lead, *lead.forks], exc)
 
     # -- consume -------------------------------------------------------------------------------------
 
     def stream(self, request_id):
-        """Yield the request's chunks (token_ids, text, finished, finish_reason; the final one also carries
-        prompt_tokens) until it finishes; an engine failure is raised here. Closing the generator early
-        aborts the request. A request has one stream: its record is forgotten when the stream ends."""
+        """Yield the request's chunks (token_ids, text, finished, finish_reason; a choice's final chunk also
+        carries prompt_tokens) until it finishes; an engine failure is raised here. Closing the generator
+        early aborts the request. A request has one stream: its records are forgotten when it ends.
+        With several choices (n > 1, or several prompts) or logprobs, each chunk also has its choice's
+        `index`, its tokens' `logprobs` entries (when asked) and, on a choice's first chunk,
+        `prompt_logprobs` (when asked); the stream ends when every choice has."""
         record = self.requests.get(request_id)
         if record is None:
             raise KeyError(f"unknown request id {request_id!r} (finished and consumed, or never added)")
-        return self._stream(record)
+        if record.group is None and record.logprobs is None and record.params.prompt_logprobs is None:
+            return self._stream(record)
+        return self._stream_choices(record.choices())
 
     def _stream(self, record):
         collector, signal, wait = record.collector, record.signal, self.waker.wait
@@ -208,6 +242,36 @@ class SchedulerManager:
             if not finished:
                 self._abort(record)
 
+    def _stream_choices(self, records):
+        signal, wait = records[0].signal, self.waker.wait
+        waiting = list(records)          # not finished yet
+        fresh = set(range(len(records)))  # not one chunk taken yet
+        try:
+            while waiting:
+                taken = False
+                for record in list(waiting):
+                    chunk = record.collector.get_nowait()
+                    if chunk is None:
+                        continue
+                    taken = True
+                    chunk.index = record.index
+                    if record.logprobs is not None:
+                        chunk.logprobs = [record.logprobs.popleft() for _ in chunk.token_ids]
+                    if record.index in fresh:
+                        fresh.discard(record.index)
+                        chunk.prompt_logprobs = record.prompt_logprobs
+                    if chunk.finished:
+                        chunk.prompt_tokens = record.prompt_tokens
+                        waiting.remove(record)
+                    yield chunk
+                if not taken and not wait(signal, WAIT_SLICE) and self._closed \
+                        and not any(r.collector.ready for r in waiting):
+                    raise ShutdownError("the manager closed before the request finished")
+        finally:
+            self.requests.remove(records[0].id)
+            for record in waiting:
+                self._abort(record)
+
     def stream_text(self, request_id):
         for chunk in self.stream(request_id):
             if chunk.text:
@@ -217,7 +281,8 @@ class SchedulerManager:
         """Stop a request: the engine frees its KV at its next loop; its slot is released now."""
         record = self.requests.get(request_id)
         if record is not None:
-            self._abort(record)
+            for choice in record.choices():
+                self._abort(choice)
 
     def _abort(self, record):
         if not (record.finished or record.aborted):
@@ -265,8 +330,11 @@ class SchedulerManager:
         self.outbox.fail(self.requests.open(), ShutdownError("the manager was closed"))
         if id(self) in _gc_frozen_by:
             _gc_frozen_by.discard(id(self))
-            if not _gc_frozen_by:
-                gc.unfreeze()              # the model and the rest become collectable again
+            # The model and the rest become collectable again — but not under gevent, where a manager closes
+            # as its worker exits: unfreezing there only hands the interpreter's final collection the
+            # suspended hub greenlet, whose traversal then crashed the process (3 exits in 8 here).
+            if not _gc_frozen_by and not isinstance(self.waker, GeventWaker):
+                gc.unfreeze()
 
     def __enter__(self):
         return self

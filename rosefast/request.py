@@ -17,9 +17,16 @@ the request's whole serving-side state (no other module keeps a map keyed by req
     finished       True once it has ended            finish(): whichever thread ends it
     aborted        True once its consumer gave up    abort (the consumer, a disconnect watch)
     the slot       its admission slot                release(): exactly once, whoever calls it
+    logprobs       a deque of per-token entries      the engine thread appends before it publishes
+                   (when asked)                      the tokens; the consumer takes one per token
+    prompt_logprobs the prompt's entries (asked)     the engine thread, before the first chunk
+    group, index   its RequestGroup and choice index add_request, before anyone else sees it
+    forks          the other choices of its prompt   add_request (on a prompt's first choice)
 
-What comes next has its place here too: child sequences for n > 1, a grammar matcher, logprob
-settings. The engine's own state of a request (its Sequence, KV blocks, scheduler queues) is the
+A call with several prompts or n > 1 choices makes one record per (prompt, choice) in a RequestGroup:
+they share one waker signal (one consumer reads them all) and the call's admission slots — one per
+prompt —, which go back when the last of them ends. A grammar matcher, when structured output comes,
+goes here too. The engine's own state of a request (its Sequence, KV blocks, scheduler queues) is the
 engine's: the engine thread reaches it only through LLMEngine's add_request / abort / step.
 
 A record lives in the table from add_request until its consumer's stream ends (RequestTable.remove);
@@ -28,13 +35,14 @@ Every field is one attribute store or read (GIL-atomic); release() relies on the
 attribute being atomic: exactly one caller finds it there.
 """
 import itertools
+from collections import deque
 
 from rosefast.frontend.collector import StreamOutputCollector
 
 
 class Request:
     __slots__ = ("id", "params", "prompt_tokens", "timing", "collector", "signal", "detok", "finished",
-                 "aborted", "_slot")
+                 "aborted", "_slot", "group", "index", "forks", "logprobs", "prompt_logprobs")
 
     def __init__(self, request_id, params, slot, signal, timing=None):
         self.id = request_id
@@ -46,7 +54,12 @@ class Request:
         self.detok = None
         self.finished = False
         self.aborted = False
-        self._slot = slot          # the AdmissionCounter it holds a slot of; deleted by release()
+        self._slot = slot          # the AdmissionCounter (or RequestGroup) it holds a slot of; see release()
+        self.group = None
+        self.index = 0
+        self.forks = ()
+        self.logprobs = deque() if params is not None and params.logprobs is not None else None
+        self.prompt_logprobs = None
 
     def release(self):
         """Give the admission slot back; only the first call (from any thread) does. True for that one."""
@@ -57,6 +70,10 @@ class Request:
             return False
         slot.release()
         return True
+
+    def choices(self):
+        """The records one consumer reads for this request, in index order."""
+        return self.group.records if self.group is not None else (self,)
 
     @property
     def holds_slot(self):
@@ -73,6 +90,23 @@ class Request:
         return f"Request({self.id!r}, {state}, prompt_tokens={self.prompt_tokens})"
 
 
+class RequestGroup:
+    """The choices of one call (n per prompt, one record each): the call's admission slots, one per prompt,
+    go back when its last choice has ended."""
+    __slots__ = ("records", "_admission", "_slots", "_left")
+
+    def __init__(self, admission, slots, count):
+        self.records = []
+        self._admission, self._slots = admission, slots
+        self._left = list(range(count))   # each choice pops one as it ends; the one that pops 0 is the last
+
+    def release(self):
+        """A choice has ended (each calls this once: its record's own release is exactly-once)."""
+        if self._left.pop() == 0:
+            for _ in range(self._slots):
+                self._admission.release()
+
+
 class RequestTable:
     """The open requests by id: added by add_request, removed when their consumer's stream ends."""
 
@@ -85,11 +119,33 @@ class RequestTable:
         self._records[record.id] = record
         return record
 
+    def add_group(self, params, admission, prompts, n, signal, timing=None):
+        """Records for `prompts` x n choices sharing `signal` and holding one admission slot per prompt
+        (already acquired); the leads (each prompt's first choice) carry their forks. Returns the group."""
+        group = RequestGroup(admission, prompts, prompts * n)
+        for p in range(prompts):
+            lead = None
+            for j in range(n):
+                record = Request(next(self._ids), params, group, signal, timing() if timing and j == 0 else None)
+                record.group, record.index = group, p * n + j
+                group.records.append(record)
+                if lead is None:
+                    lead = record
+            lead.forks = tuple(group.records[p * n + 1:(p + 1) * n])
+        for record in group.records:
+            self._records[record.id] = record
+        return group
+
     def get(self, request_id):
         return self._records.get(request_id)
 
     def remove(self, request_id):
-        return self._records.pop(request_id, None)
+        """Forget a request: its record, and the other choices of its group."""
+        record = self._records.pop(request_id, None)
+        if record is not None and record.group is not None:
+            for other in record.group.records:
+                self._records.pop(other.id, None)
+        return record
 
     def open(self):
         """The records that have not ended (a snapshot list)."""

@@ -69,10 +69,11 @@ class BlockManager:
         return found, False
 
     def can_allocate(self, seq, hit):
-        """Whether `seq` fits now, given its `lookup` result."""
+        """Whether `seq` fits now, given its `lookup` result (and a block for each choice it will fork)."""
         found, _ = hit
         revived = sum(1 for b in found if self.ref_counts[b] == 0)
-        return self.blocks_for(seq.num_tokens) - len(found) + revived <= self.num_free_blocks
+        need = self.blocks_for(seq.num_tokens) - len(found) + revived + len(seq.fork_ids)
+        return need <= self.num_free_blocks
 
     def allocate(self, seq, hit):
         """Give a waiting sequence blocks for all its tokens, reusing the cached leading blocks found by
@@ -97,6 +98,25 @@ class BlockManager:
         """Give the sequence blocks up to its newest token."""
         while len(seq.block_table) < self.blocks_for(seq.num_tokens):
             seq.block_table.append(self._take_free())
+
+    def fork(self, parent, child):
+        """Give `child` the parent's computed blocks: the full ones shared (ref-counted), a trailing partial
+        one copied into a fresh block. Returns that copy's (source, destination) blocks, or None; False when
+        there is no free block for it (nothing is changed then)."""
+        full = parent.num_cached // self.block_size
+        partial = len(parent.block_table) > full
+        if partial and not self.num_free_blocks:
+            return False
+        for block in parent.block_table[:full]:
+            self.ref_counts[block] += 1
+        child.block_table = parent.block_table[:full]
+        child.num_cached = parent.num_cached
+        child.num_hashed_blocks = min(parent.num_hashed_blocks, full)
+        if not partial:
+            return None
+        block = self._take_free()
+        child.block_table.append(block)
+        return parent.block_table[full], block
 
     def commit(self, seq):
         """Register the full blocks whose K/V are now computed, so later requests can reuse them."""

@@ -58,6 +58,10 @@ class KVCache:
                                 dtype=dtype, device=device)
         self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(args.num_layers)]
 
+    def copy_block(self, src, dst):
+        """Copy one block's K and V, every layer and head (a forked sequence's partial last block)."""
+        self.data[:, :, :, dst].copy_(self.data[:, :, :, src])
+
     @property
     def scratch_slot(self):
         return self.scratch_block * self.block_size

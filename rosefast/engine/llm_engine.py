@@ -55,6 +55,7 @@ class LLMEngine:
         self._before_step = before_step
         self._ids = itertools.count()
         self._seeds = random.Random(self.config.seed)   # the seed of each request that brings none
+        self.forks = 0   # choices forked from another's prefill
         self._tokenizer = None
         self.steps = 0
 
@@ -68,8 +69,8 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------------------
 
-    def check_prompt(self, prompt_token_ids):
-        """Raise ValueError for a prompt the engine cannot run."""
+    def check_prompt(self, prompt_token_ids, choices=1):
+        """Raise ValueError for a prompt the engine cannot run (with this many choices of it)."""
         if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
             raise ValueError("prompt is empty: give at least one token")
         n = len(prompt_token_ids)
@@ -79,9 +80,10 @@ class LLMEngine:
         vocab = self.args.vocab_size
         if not all(isinstance(t, int) and 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        if self.block_manager.blocks_for(n + 1) > self.block_manager.num_blocks:
+        if self.block_manager.blocks_for(n + 1) + choices - 1 > self.block_manager.num_blocks:
             raise ValueError(f"prompt has {n} tokens; the KV cache holds only "
-                             f"{self.block_manager.num_blocks * self.config.block_size}")
+                             f"{self.block_manager.num_blocks * self.config.block_size}"
+                             + (f" (and {choices} choices need a block each)" if choices > 1 else ""))
 
     def check_params(self, params):
         """Raise TypeError / ValueError for sampling parameters this model cannot take (token ids past its
@@ -94,14 +96,19 @@ class LLMEngine:
         if not all(t < vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab})")
 
-    def add_request(self, prompt_token_ids, params=None, request_id=None):
+    def add_request(self, prompt_token_ids, params=None, request_id=None, fork_ids=()):
+        """Queue a request; its id. With `fork_ids`, the ids of n - 1 more choices of the same prompt: they are
+        forked from this one when its prefill is done (the prompt's blocks shared, one prefill in all), and
+        each samples its own tokens (a seeded request's choice i draws with seed + i)."""
         params = params or SamplingParams()
         self.check_params(params)
-        self.check_prompt(prompt_token_ids)
+        self.check_prompt(prompt_token_ids, 1 + len(fork_ids))
         request_id = next(self._ids) if request_id is None else request_id
-        if request_id in self.seqs:
-            raise ValueError(f"request_id {request_id!r} is already in the engine")
-        seq = Sequence(request_id, prompt_token_ids, params, self.args.eos_token_ids, self._seeds.getrandbits(63))
+        if request_id in self.seqs or any(f in self.seqs or f == request_id for f in fork_ids) \
+                or len(set(fork_ids)) != len(fork_ids):
+            raise ValueError(f"request_id {request_id!r} or one of its fork ids is already in the engine")
+        seq = Sequence(request_id, prompt_token_ids, params, self.args.eos_token_ids, self._seeds.getrandbits(63),
+                       fork_ids)
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -123,7 +130,7 @@ class LLMEngine:
         return {"kv_blocks_used": bm.num_used_blocks, "kv_blocks_total": bm.num_blocks, "prefix_cache_hits": bm.hits,
                 "prefix_cache_misses": bm.misses, "prefix_cache_evictions": bm.evictions,
                 "preemptions": sched.preemptions, "steps": self.steps, "running": len(sched.running),
-                "waiting": len(sched.waiting), "sequences": len(self.seqs)}
+                "waiting": len(sched.waiting), "sequences": len(self.seqs), "forks": self.forks}
 
     # -- the step ------------------------------------------------------------------------------------
 
@@ -134,7 +141,8 @@ class LLMEngine:
         scheduled = []
         try:
             step = self.scheduler.schedule()
-            outputs = [StepOutput(s.request_id, [], True, s.finish_reason) for s in step.cut_short]
+            outputs = [StepOutput(rid, [], True, s.finish_reason) for s in step.cut_short
+                       for rid in (s.request_id, *s.fork_ids)]   # choices it had not forked yet end with it
             for seq in step.cut_short:
                 self._end(seq, seq.finish_reason)
             if not step.seqs:
@@ -148,6 +156,7 @@ class LLMEngine:
         except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the rest
             log.error("engine step %d failed: %r", self.steps, e, exc_info=True)
             failed = [s.request_id for s in scheduled] or list(self.seqs)
+            failed += [f for rid in failed if rid in self.seqs for f in self.seqs[rid].fork_ids]
             for rid in failed:
                 self.abort(rid)
             return StepResult([], failed, e)
@@ -161,18 +170,26 @@ class LLMEngine:
         logits = self.runner.forward(inputs, step.is_prefill, all_logits=full)
         if full:
             logits = self._prompt_logprobs(step, full, logits)
-        if len(sampling) < len(step.seqs):   # a chunked prefill in the step: only the finished rows sample
-            logits = logits[sampling]
-        sampled = self.runner.sampler(logits, [step.seqs[i] for i in sampling]) if sampling else None
         for seq, n in zip(step.seqs, step.chunks):
             seq.num_cached += n
             self.block_manager.commit(seq)
+        if not sampling:
+            return []
+        if len(sampling) < len(step.seqs):   # a chunked prefill in the step: only the finished rows sample
+            logits = logits[sampling]
+        seqs = [step.seqs[i] for i in sampling]
+        rows = list(range(len(seqs)))        # a forking sequence's logits row serves its choices too
+        for j, seq in enumerate(list(seqs)):
+            if seq.fork_ids:
+                children = self._fork(seq)
+                rows += [j] * len(children)
+                seqs += children
+        if len(rows) > len(sampling):
+            logits = logits[rows]
+        sampled = self.runner.sampler(logits, seqs)
         outputs = []
-        if sampled is None:
-            return outputs
-        logprobs = sampled.logprobs or [None] * len(sampling)
-        for i, token, lp in zip(sampling, sampled.token_ids, logprobs):
-            seq = step.seqs[i]
+        logprobs = sampled.logprobs or [None] * len(seqs)
+        for seq, token, lp in zip(seqs, sampled.token_ids, logprobs):
             seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
             if reason is not None:
@@ -208,6 +225,28 @@ class LLMEngine:
                     chosen, top = next(entries)
                     seq.prompt_logprobs.append((chosen, top[:want]))
         return logits[last]
+
+    def _fork(self, parent):
+        """The parent's other choices, as running sequences sharing its prompt's blocks (a choice that gets no
+        block for its copy of the partial last block waits, to be prefilled again from the prefix cache)."""
+        children = []
+        for k, rid in enumerate(parent.fork_ids, start=1):
+            child = Sequence(rid, parent.token_ids, parent.params, seed=self._seeds.getrandbits(63))
+            child.stop_ids, child.scheduled_at, child.prompt_logprobs = parent.stop_ids, parent.scheduled_at, None
+            if parent.params.seed is not None:
+                child.seed = parent.params.seed + k
+            self.seqs[rid] = child
+            copy = self.block_manager.fork(parent, child) if self.scheduler.has_room() else False
+            if copy is False:
+                self.scheduler.add(child)
+                continue
+            if copy is not None:
+                self.runner.kv.copy_block(*copy)
+            self.scheduler.add_running(child)
+            children.append(child)
+        self.forks += len(parent.fork_ids)
+        parent.fork_ids = ()
+        return children
 
     def _end(self, seq, reason):
         """A sequence is done (finished, aborted or cut short): out of the scheduler, the sampler, the index."""

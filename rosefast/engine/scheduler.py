@@ -41,6 +41,15 @@ class Scheduler:
     def add(self, seq):
         self.waiting.append(seq)
 
+    def has_room(self):
+        """Whether one more sequence may run now (max_batch_size / max_active_requests)."""
+        return len(self.running) < self.max_running
+
+    def add_running(self, seq):
+        """A sequence that already has its blocks and its K/V (a forked choice) joins the running ones."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
     def has_work(self):
         return bool(self.waiting or self.running)
 

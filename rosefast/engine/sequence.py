@@ -11,9 +11,9 @@ class SequenceStatus(Enum):
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
                  "num_cached", "num_hashed_blocks", "finish_reason", "stop_ids", "scheduled_at", "seed",
-                 "prompt_logprobs")
+                 "prompt_logprobs", "fork_ids")
 
-    def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0):
+    def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0, fork_ids=()):
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)   # prompt, then outputs
         self.num_prompt_tokens = len(self.token_ids)
@@ -28,6 +28,7 @@ class Sequence:
         # asked for: one entry per prompt token (the first has none), filled during prefill, given out with
         # the first output token
         self.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
+        self.fork_ids = tuple(fork_ids)   # the other choices of an n > 1 request: forked after its prefill
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop.update(eos_token_ids)

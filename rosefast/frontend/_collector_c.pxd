@@ -13,7 +13,12 @@ cdef class StreamChunk:
     cdef public object text
     cdef public object finished
     cdef public object finish_reason
-    cdef public object prompt_tokens   # on a request's final chunk: its prompt length (set by the manager)
+    # set by the manager's stream, never read or merged by the collector: on a choice's final chunk its prompt
+    # length; with several choices or logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
+    cdef public object prompt_tokens
+    cdef public object index
+    cdef public object logprobs
+    cdef public object prompt_logprobs
 
 
 cimport cython

@@ -51,14 +51,16 @@ def chunk_repr(chunk):
 
 
 class StreamChunk:
-    __slots__ = FIELDS + ("prompt_tokens",)
+    __slots__ = FIELDS + ("prompt_tokens", "index", "logprobs", "prompt_logprobs")
 
     def __init__(self, token_ids, text, finished=False, finish_reason=None):
         self.token_ids = token_ids
         self.text = text
         self.finished = finished
         self.finish_reason = finish_reason
-        self.prompt_tokens = None   # on a request's final chunk: its prompt length (set by the manager)
+        # set by the manager's stream, never read or merged here: on a choice's final chunk its prompt length;
+        # with several choices or logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
+        self.prompt_tokens = self.index = self.logprobs = self.prompt_logprobs = None
 
     __eq__ = chunks_equal
     __repr__ = chunk_repr
