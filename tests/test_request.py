@@ -2,6 +2,7 @@
 import sys
 import threading
 
+from rosefast.engine.sampling import SamplingParams
 from rosefast.frontend.admission import AdmissionCounter
 from rosefast.frontend.waker import ThreadWaker
 from rosefast.request import RequestTable
@@ -51,11 +52,11 @@ def test_finish_ends_the_record_and_the_table_forgets_it_on_remove():
     counter = AdmissionCounter(2)
     table = RequestTable()
     assert counter.try_acquire()
-    record = table.add("params", counter, ThreadWaker.signal())
+    record = table.add(SamplingParams(), counter, ThreadWaker.signal())
     assert table.get(record.id) is record and table.open() == [record]
     assert table.counts() == {"requests": 1, "open": 1, "in_engine": 0, "holding_slot": 1}
     record.detok = object()
     record.finish()
     assert record.finished and record.detok is None and counter.inflight == 0 and table.open() == []
     assert table.remove(record.id) is record and table.get(record.id) is None and len(table) == 0
-    assert table.add("params", counter, ThreadWaker.signal()).id == record.id + 1   # ids are never reused
+    assert table.add(SamplingParams(), counter, ThreadWaker.signal()).id == record.id + 1   # ids are never reused
