@@ -177,8 +177,11 @@ class SchedulerManager:
 
     @staticmethod
     def _set_prompt(lead, ids, tokenized):
+        keep_ids = lead.params.prompt_logprobs is not None
         for record in (lead, *lead.forks):
             record.prompt_tokens = len(ids)
+            if keep_ids:
+                record.prompt_ids = ids
         if lead.timing is not None:
             lead.timing.tokenized, lead.timing.prompt_tokens = tokenized, len(ids)
 
@@ -212,8 +215,9 @@ class SchedulerManager:
         carries prompt_tokens) until it finishes; an engine failure is raised here. Closing the generator
         early aborts the request. A request has one stream: its records are forgotten when it ends.
         With several choices (n > 1, or several prompts) or logprobs, each chunk also has its choice's
-        `index`, its tokens' `logprobs` entries (when asked) and, on a choice's first chunk,
-        `prompt_logprobs` (when asked); the stream ends when every choice has."""
+        `index`, its tokens' `logprobs` entries (when asked: (logprob, [(token, logprob)] top k) each) and,
+        on a choice's first chunk, `prompt_logprobs` (when asked: (token id, entry) per prompt token, the
+        first entry None); the stream ends when every choice has."""
         record = self.requests.get(request_id)
         if record is None:
             raise KeyError(f"unknown request id {request_id!r} (finished and consumed, or never added)")
@@ -259,7 +263,8 @@ class SchedulerManager:
                         chunk.logprobs = [record.logprobs.popleft() for _ in chunk.token_ids]
                     if record.index in fresh:
                         fresh.discard(record.index)
-                        chunk.prompt_logprobs = record.prompt_logprobs
+                        if record.prompt_logprobs is not None:   # (token id, its entry), the first's None
+                            chunk.prompt_logprobs = list(zip(record.prompt_ids, record.prompt_logprobs))
                     if chunk.finished:
                         chunk.prompt_tokens = record.prompt_tokens
                         waiting.remove(record)

@@ -20,6 +20,7 @@ the request's whole serving-side state (no other module keeps a map keyed by req
     logprobs       a deque of per-token entries      the engine thread appends before it publishes
                    (when asked)                      the tokens; the consumer takes one per token
     prompt_logprobs the prompt's entries (asked)     the engine thread, before the first chunk
+    prompt_ids     its prompt's ids (the same)       add_request or a tokenize worker
     group, index   its RequestGroup and choice index add_request, before anyone else sees it
     forks          the other choices of its prompt   add_request (on a prompt's first choice)
 
@@ -42,7 +43,7 @@ from rosefast.frontend.collector import StreamOutputCollector
 
 class Request:
     __slots__ = ("id", "params", "prompt_tokens", "timing", "collector", "signal", "detok", "finished",
-                 "aborted", "_slot", "group", "index", "forks", "logprobs", "prompt_logprobs")
+                 "aborted", "_slot", "group", "index", "forks", "logprobs", "prompt_logprobs", "prompt_ids")
 
     def __init__(self, request_id, params, slot, signal, timing=None):
         self.id = request_id
@@ -60,6 +61,7 @@ class Request:
         self.forks = ()
         self.logprobs = deque() if params is not None and params.logprobs is not None else None
         self.prompt_logprobs = None
+        self.prompt_ids = None     # kept only when its prompt's logprobs are asked (they are given with their ids)
 
     def release(self):
         """Give the admission slot back; only the first call (from any thread) does. True for that one."""

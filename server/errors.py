@@ -1,8 +1,13 @@
-"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}, and the JSON response
-every non-streamed answer goes out as."""
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}, the JSON response every
+non-streamed answer goes out as, and what the serving core's exceptions become for a client."""
 import json
 
 from flask import Response
+
+from rosefast.errors import EngineError, NotReadyError, OverloadedError, ShutdownError
+
+MANAGER_ERRORS = (OverloadedError, ShutdownError, EngineError, ValueError)
+LOADING_RETRY_AFTER_S = 5
 
 
 def json_response(payload, status=200, headers=None):
@@ -26,3 +31,19 @@ class APIError(Exception):
 
 def bad_request(message, param=None):
     return APIError(400, message, param=param)
+
+
+def api_error(e, retry_after, param=None):
+    """What the manager raised (at admission or while the request runs) as the client's APIError;
+    `param` names the field a plain ValueError is about."""
+    if isinstance(e, OverloadedError):
+        return APIError(429, str(e), "rate_limit_error", code="rate_limit_exceeded",
+                        headers={"Retry-After": str(retry_after)})
+    if isinstance(e, NotReadyError):
+        return APIError(503, "the model is still loading; retry shortly", "server_error",
+                        headers={"Retry-After": str(LOADING_RETRY_AFTER_S)})
+    if isinstance(e, ShutdownError):
+        return APIError(503, "the server is shutting down", "server_error")
+    if isinstance(e, EngineError):
+        return APIError(500, str(e), "server_error")
+    return bad_request(str(e), param)

@@ -12,7 +12,8 @@ from rosefast.manager import SchedulerManager
 from server.config import server_config_from_env
 from server.errors import APIError
 from server.faults import fault_hooks
-from server.metrics import Metrics
+from server.logprobs import TokenStrings
+from server.metrics import ENDPOINTS, Metrics, count_request
 
 log = logging.getLogger("rosefast.server")
 
@@ -31,6 +32,14 @@ class State:
         self.metrics = Metrics(self)
         self.started = time.time()
         self.draining = False
+        self._token_strings = None
+
+    @property
+    def token_strings(self):
+        """Token texts and bytes for logprobs (made once the tokenizer is loaded)."""
+        if self._token_strings is None:
+            self._token_strings = TokenStrings(self.manager.tokenizer)
+        return self._token_strings
 
     @property
     def model_name(self):
@@ -70,7 +79,7 @@ class State:
 
 def create_app(config=None, start=True):
     """The WSGI app. `config` defaults to the ROSEFAST_* environment (a bad value raises ConfigError)."""
-    from server import routes
+    from server import routes, tokenizer_api
 
     config = config or server_config_from_env()
     if not logging.getLogger().handlers:
@@ -79,11 +88,12 @@ def create_app(config=None, start=True):
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     state = app.extensions["rosefast"] = State(config)
     app.register_blueprint(routes.bp)
+    app.register_blueprint(tokenizer_api.bp)
 
     @app.before_request
     def _before():
         g.t0 = time.perf_counter()
-        if request.path.startswith("/v1/") and config.api_key:
+        if config.api_key and (request.path.startswith("/v1/") or request.path in tokenizer_api.PATHS):
             given = request.headers.get("Authorization", "")
             expected = f"Bearer {config.api_key}"
             if not hmac.compare_digest(given.encode(), expected.encode()):
@@ -92,7 +102,7 @@ def create_app(config=None, start=True):
 
     def _answer(e):
         """Every error response goes out here: counted once, with an OpenAI body."""
-        routes.count_request(state, request.environ, routes.ENDPOINTS.get(request.path, "other"), str(e.status))
+        count_request(state, request.environ, ENDPOINTS.get(request.path, "other"), str(e.status))
         return e.response()
 
     @app.errorhandler(APIError)

@@ -69,3 +69,15 @@ class Metrics:
 
     def render(self):
         return generate_latest(self.registry)
+
+
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/models": "models",
+             "/tokenize": "tokenize", "/detokenize": "detokenize", "/tokenizer_info": "tokenizer_info"}
+
+
+def count_request(state, environ, endpoint, status):
+    """One increment of rosefast_requests_total per request, whichever path answered it (the mark is kept
+    in the WSGI environ: a streaming body finishes outside Flask's request context)."""
+    if not environ.get("rosefast.counted"):
+        environ["rosefast.counted"] = True
+        state.metrics.requests.labels(endpoint, status).inc()

@@ -1,7 +1,6 @@
 """The OpenAI request fields we take, how they map to SamplingParams, and the response shapes."""
 import math
-import time
-import uuid
+from dataclasses import dataclass
 
 from rosefast.engine.sampling import SamplingParams
 from server.errors import bad_request
@@ -9,11 +8,27 @@ from server.errors import bad_request
 # what the batched sampler takes: OpenAI's names, and vLLM's extras (sent in the openai client's extra_body)
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
             "logit_bias", "min_tokens", "seed", "stop_token_ids"}
-COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "ignore_eos", "n", "user",
-          "include_stop_str_in_output", "max_completion_tokens"} | SAMPLING
-COMPLETION = COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
-CHAT = COMMON | {"messages", "logprobs", "top_logprobs"}
-FALSE_OK = {"echo", "logprobs"}
+# sent routinely by the official clients and changing nothing here: accepted, ignored
+IGNORED = {"user", "metadata", "store", "service_tier"}
+COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "ignore_eos", "n", "include_stop_str_in_output",
+          "max_completion_tokens", "logprobs"} | SAMPLING | IGNORED
+COMPLETION = COMMON | {"prompt", "echo", "best_of", "suffix"}
+CHAT = COMMON | {"messages", "top_logprobs", "parallel_tool_calls"}
+MAX_N = 16
+MAX_PROMPTS = 64
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class Options:
+    """How one request's choices are run and answered (besides its SamplingParams)."""
+    n: int = 1
+    echo: bool = False            # completions: the prompt before each choice's text (and its logprobs)
+    logprobs: int = None          # top logprobs per token (chat: top_logprobs, when logprobs is true)
+    score_only: bool = False      # echo with max_tokens 0: the prompt's logprobs, no token generated
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False   # usage so far in every streamed chunk (vLLM's continuous_usage_stats)
 
 
 def _number(body, name, default, low=None, high=None, integer=False):
@@ -41,25 +56,57 @@ def check_fields(body, allowed):
     unknown = sorted(k for k in body if k not in allowed)
     if unknown:
         raise bad_request(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
-    for name in FALSE_OK:
-        if body.get(name) not in (None, False, 0):
-            raise bad_request(f"'{name}' is not supported", name)
-    if body.get("best_of") not in (None, 1):
-        raise bad_request("'best_of' > 1 is not supported", "best_of")
     if body.get("suffix") is not None:
         raise bad_request("'suffix' is not supported", "suffix")
-    n = _number(body, "n", 1, integer=True)
-    if n != 1:
-        raise bad_request(f"'n' must be 1 (one completion per request), got {n}", "n")
+    if body.get("parallel_tool_calls") is not None and not isinstance(body.get("parallel_tool_calls"), bool):
+        raise bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
 
 
-def sampling_params(body, config, context_len):
+def request_options(body, chat):
+    """The request's Options, each field checked (a 400 naming it)."""
+    for flag in ("stream", "echo"):
+        if body.get(flag) is not None and not isinstance(body.get(flag), bool):
+            raise bad_request(f"'{flag}' must be a boolean", flag)
+    n = _number(body, "n", 1, 1, MAX_N, integer=True)
+    best_of = _number(body, "best_of", None, integer=True)
+    if best_of is not None and best_of != n:
+        raise bad_request(f"'best_of' is supported only equal to 'n' ({n}): choices are not ranked here, got "
+                          f"{best_of}", "best_of")
+    if chat:
+        lp = body.get("logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise bad_request("'logprobs' must be a boolean in a chat request (the count is 'top_logprobs')",
+                              "logprobs")
+        top = _number(body, "top_logprobs", None, 0, MAX_LOGPROBS, integer=True)
+        if top is not None and not lp:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        logprobs = (top or 0) if lp else None
+    else:
+        logprobs = _number(body, "logprobs", None, 0, MAX_LOGPROBS, integer=True)
+    stream = bool(body.get("stream", False))
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"} \
+                or not all(isinstance(v, bool) for v in opts.values()):
+            raise bad_request("'stream_options' must be an object with the booleans 'include_usage' and "
+                              "'continuous_usage_stats'", "stream_options")
+        if not stream:
+            raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
+    opts = opts or {}
+    echo = bool(body.get("echo", False))
+    return Options(n=n, echo=echo, logprobs=logprobs, stream=stream, include_usage=opts.get("include_usage", False),
+                   continuous_usage=opts.get("continuous_usage_stats", False))
+
+
+def sampling_params(body, config, context_len, options):
     """SamplingParams from the request, with the server's caps; raises APIError naming the field."""
     cap = min(config.max_tokens_cap, context_len - 1)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, name, min(config.default_max_tokens, cap), integer=True)
+    if max_tokens == 0 and options.echo:   # scoring only: one token is run for the prompt's logprobs, not sent
+        options.score_only, max_tokens = True, 1
     if max_tokens < 1:
-        raise bad_request(f"'{name}' must be >= 1, got {max_tokens}", name)
+        raise bad_request(f"'{name}' must be >= 1 (0 only with 'echo'), got {max_tokens}", name)
     if max_tokens > cap:
         raise bad_request(f"'{name}' is {max_tokens}; the most this server allows is {cap}", name)
     stop = body.get("stop")
@@ -71,7 +118,7 @@ def sampling_params(body, config, context_len):
         raise bad_request("'stop' must be a string or a list of at most 16 strings", "stop")
     if any(not s or len(s) > 256 for s in stop):
         raise bad_request("each 'stop' string must have 1 to 256 characters", "stop")
-    for flag in ("ignore_eos", "include_stop_str_in_output", "stream"):
+    for flag in ("ignore_eos", "include_stop_str_in_output"):
         if body.get(flag) is not None and not isinstance(body.get(flag), bool):
             raise bad_request(f"'{flag}' must be a boolean", flag)
     seed = _number(body, "seed", None, integer=True)
@@ -101,6 +148,8 @@ def sampling_params(body, config, context_len):
             stop_token_ids=tuple(stop_ids or ()),
             ignore_eos=bool(body.get("ignore_eos", False)),
             include_stop_str_in_output=bool(body.get("include_stop_str_in_output", False)),
+            logprobs=options.logprobs,
+            prompt_logprobs=options.logprobs if options.echo else None,
         )
     except ValueError as e:   # SamplingParams names the field first
         raise bad_request(f"'{str(e).split(' ', 1)[0]}' {str(e).split(' ', 1)[1]}", param_of(e)) from None
@@ -112,34 +161,42 @@ def param_of(e):
     return name if name in SAMPLING or name in ("max_tokens", "logprobs", "top_logprobs") else None
 
 
-def include_usage(body):
-    opts = body.get("stream_options")
-    if opts is None:
-        return False
-    if not isinstance(opts, dict) or set(opts) - {"include_usage", "continuous_usage_stats"}:
-        raise bad_request("'stream_options' must be an object with 'include_usage'", "stream_options")
-    if not body.get("stream"):
-        raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
-    return bool(opts.get("include_usage", False))
+def _plain_text(text, where):
+    """A str that UTF-8 can carry (JSON allows lone surrogates like "\\ud800"; no tokenizer takes them)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"{where} is not valid Unicode text (a lone surrogate?)", where.split("[")[0]) from None
+    return text
 
 
-def completion_prompt(body):
-    """(text, token_ids): exactly one is set. Accepts a string, a one-string list, token ids, [[ids]]."""
+def _token_ids(value):
+    return isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def completion_prompts(body):
+    """The prompts, each a string or a list of token ids: a string, token ids, or a list of either
+    (at most MAX_PROMPTS)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("'prompt' must not be empty", "prompt")
-        return prompt, None
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return None, prompt
     if prompt is None:
         raise bad_request("'prompt' is required", "prompt")
-    if isinstance(prompt, list) and not prompt:
+    if isinstance(prompt, str) or _token_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _token_ids(p) for p in prompt):
+        prompts = prompt
+    elif isinstance(prompt, list) and not prompt:
         raise bad_request("'prompt' must not be empty", "prompt")
-    raise bad_request("'prompt' must be a string, a list with one string, or a list of token ids "
-                      "(one prompt per request)", "prompt")
+    else:
+        raise bad_request("'prompt' must be a string, a list of token ids, or a list of strings or of token-id "
+                          "lists", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if not p:
+                raise bad_request("'prompt' must not be empty", "prompt")
+            _plain_text(p, f"prompt[{i}]")
+    return prompts
 
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -161,52 +218,5 @@ def chat_messages(body):
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string", "messages")
-        out.append({"role": m["role"], "content": content})
+        out.append({"role": m["role"], "content": _plain_text(content, f"messages[{i}].content")})
     return out
-
-
-def new_id(prefix):
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-class Shapes:
-    """Response bodies for one request: the same id and created in every chunk."""
-
-    def __init__(self, chat, model):
-        self.chat = chat
-        self.id = new_id("chatcmpl" if chat else "cmpl")
-        self.created = int(time.time())
-        self.model = model
-
-    def _base(self, obj):
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(self, text, finish_reason, first=False):
-        if self.chat:
-            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return {**self._base("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._base("text_completion"), "choices": [choice]}
-
-    def usage_chunk(self, usage):
-        return {**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
-                "usage": usage}
-
-    def full(self, text, finish_reason, usage):
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
-            return {**self._base("chat.completion"), "choices": [choice], "usage": usage}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._base("text_completion"), "choices": [choice], "usage": usage}
-
-
-def usage(prompt_tokens, completion_tokens):
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def openai_finish_reason(reason):
-    """Our finish reasons in OpenAI's words ("abort" never reaches a client that is still there)."""
-    return {"stop": "stop", "length": "length"}.get(reason, reason)

@@ -1,0 +1,93 @@
+"""The tokenizer over HTTP, with vLLM's names and fields (lm-evaluation-harness's remote tokenizer uses them):
+POST /tokenize, POST /detokenize, GET /tokenizer_info. Behind the API key when one is set."""
+from flask import Blueprint, current_app, request
+
+from rosefast.errors import NotReadyError
+from server import openai_api
+from server.errors import api_error, bad_request, json_response
+
+bp = Blueprint("tokenizer", __name__)
+PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
+
+
+def _ready():
+    state = current_app.extensions["rosefast"]
+    manager = state.manager
+    if manager is None or not manager.ready:
+        raise api_error(NotReadyError(), state.config.retry_after_seconds)
+    return state, manager
+
+
+def _json_body():
+    from server.routes import _body
+
+    body = _body()
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {openai_api.json_type(body)}")
+    return body
+
+
+def _flag(body, name, default):
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean", name)
+    return value
+
+
+@bp.post("/tokenize")
+def tokenize():
+    """{prompt} or {messages} (rendered with the chat template) -> {tokens, count, max_model_len}."""
+    state, manager = _ready()
+    body = _json_body()
+    unknown = sorted(set(body) - {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                                  "return_token_strs"})
+    if unknown:
+        raise bad_request(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
+    if ("prompt" in body) == ("messages" in body):
+        raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
+    tok = manager.tokenizer
+    if "messages" in body:
+        messages = openai_api.chat_messages(body)
+        try:
+            text = tok.apply_chat_template(messages, tokenize=False,
+                                           add_generation_prompt=_flag(body, "add_generation_prompt", True))
+        except Exception as e:  # noqa: BLE001 - the template refuses these messages: the client's error
+            raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None
+        special = _flag(body, "add_special_tokens", False)
+    else:
+        prompts = openai_api.completion_prompts({"prompt": body["prompt"]})
+        if len(prompts) != 1 or not isinstance(prompts[0], str):
+            raise bad_request("'prompt' must be one string", "prompt")
+        text = prompts[0]
+        special = _flag(body, "add_special_tokens", True)
+    ids = tok(text, add_special_tokens=special)["input_ids"]
+    out = {"tokens": ids, "count": len(ids), "max_model_len": manager.engine.max_model_len}
+    if _flag(body, "return_token_strs", False):
+        out["token_strs"] = tok.convert_ids_to_tokens(ids)
+    return json_response(out)
+
+
+@bp.post("/detokenize")
+def detokenize():
+    """{tokens} -> {prompt}."""
+    state, manager = _ready()
+    body = _json_body()
+    tokens = body.get("tokens")
+    vocab = manager.engine.args.vocab_size
+    if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+                                             for t in tokens)):
+        raise bad_request(f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
+    return json_response({"prompt": manager.tokenizer.decode(tokens)})
+
+
+@bp.get("/tokenizer_info")
+def tokenizer_info():
+    """The tokenizer's special tokens, chat template and limits."""
+    state, manager = _ready()
+    tok = manager.tokenizer
+    return json_response({
+        "tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
+        "pad_token": tok.pad_token, "unk_token": tok.unk_token, "eos_token_id": tok.eos_token_id,
+        "bos_token_id": tok.bos_token_id, "pad_token_id": tok.pad_token_id, "chat_template": tok.chat_template,
+        "add_bos_token": bool(getattr(tok, "add_bos_token", False)), "vocab_size": manager.engine.args.vocab_size,
+        "model_max_length": manager.engine.max_model_len, "max_model_len": manager.engine.max_model_len})
