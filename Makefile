@@ -28,7 +28,7 @@ build: install
 test: build
 	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest tests benches --benchmark-disable
 	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/test_request.py tests/test_manager.py \
-		tests/test_server.py tests/test_reliability.py
+		tests/test_server.py tests/test_openai_surface.py tests/test_reliability.py
 
 # ns per merge / per token, saved for later comparison, then printed as the README's tables.
 bench: build

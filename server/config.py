@@ -29,6 +29,7 @@ class ServerConfig(EngineConfig):
     retry_after_seconds: int = 1         # the Retry-After of a 429
     api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>"
     log_text: bool = False               # log prompts and completions (off: never)
+    generation_config: str = "model"     # model: the model's generation defaults fill what a request omits; none
     # fault injection, for reliability tests and drills (off by default)
     fault_steps: str = ""                # engine steps (comma-separated numbers) that raise
     fault_tokenize_marker: str = ""      # prompts containing this text make the tokenizer raise
@@ -79,6 +80,8 @@ def server_config_from_env(environ=None):
         low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens") else 0
         if value < low:
             raise ConfigError(f"{PREFIX}{name.upper()}={value} must be >= {low}")
+    if config.generation_config not in ("model", "none"):
+        raise ConfigError(f"{PREFIX}GENERATION_CONFIG={config.generation_config!r} must be model or none")
     try:
         config.fault_step_numbers()
     except ValueError:

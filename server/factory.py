@@ -33,6 +33,18 @@ class State:
         self.started = time.time()
         self.draining = False
         self._token_strings = None
+        self._generation_defaults = None
+
+    @property
+    def generation_defaults(self):
+        """What fills the sampling fields a request leaves out (ROSEFAST_GENERATION_CONFIG=model), once loaded."""
+        if self._generation_defaults is None:
+            from rosefast.models.generation import generation_defaults
+
+            self._generation_defaults = (generation_defaults(self.manager.model)
+                                         if self.config.generation_config == "model" else {})
+            log.info("generation defaults for requests that leave them out: %s", self._generation_defaults or "none")
+        return self._generation_defaults
 
     @property
     def token_strings(self):

@@ -98,8 +98,10 @@ def request_options(body, chat):
                    continuous_usage=opts.get("continuous_usage_stats", False))
 
 
-def sampling_params(body, config, context_len, options):
-    """SamplingParams from the request, with the server's caps; raises APIError naming the field."""
+def sampling_params(body, config, context_len, options, defaults=None):
+    """SamplingParams from the request, with the server's caps; the fields it leaves out (or sends as null)
+    from `defaults` (the model's generation defaults), else SamplingParams'; raises APIError naming the field."""
+    defaults = defaults or {}
     cap = min(config.max_tokens_cap, context_len - 1)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, name, min(config.default_max_tokens, cap), integer=True)
@@ -134,13 +136,13 @@ def sampling_params(body, config, context_len, options):
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-            top_p=_number(body, "top_p", 1.0),
-            top_k=_number(body, "top_k", 0, -1, 1 << 20, integer=True),
-            min_p=_number(body, "min_p", 0.0),
+            temperature=_number(body, "temperature", defaults.get("temperature", 1.0), 0.0, 2.0),
+            top_p=_number(body, "top_p", defaults.get("top_p", 1.0)),
+            top_k=_number(body, "top_k", defaults.get("top_k", 0), -1, 1 << 20, integer=True),
+            min_p=_number(body, "min_p", defaults.get("min_p", 0.0)),
             presence_penalty=_number(body, "presence_penalty", 0.0),
             frequency_penalty=_number(body, "frequency_penalty", 0.0),
-            repetition_penalty=_number(body, "repetition_penalty", 1.0),
+            repetition_penalty=_number(body, "repetition_penalty", defaults.get("repetition_penalty", 1.0)),
             logit_bias=bias or None,
             min_tokens=_number(body, "min_tokens", 0, integer=True),
             seed=seed,

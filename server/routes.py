@@ -54,6 +54,7 @@ def models():
     card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "rosefast"}
     if m is not None and m.ready:
         card["max_model_len"] = m.engine.max_model_len
+        card["generation_defaults"] = state.generation_defaults
     return json_response({"object": "list", "data": [card]})
 
 
@@ -89,7 +90,8 @@ def _serve(chat):
         prompts = [_chat_prompt(manager, openai_api.chat_messages(body))]
     else:
         prompts = openai_api.completion_prompts(body)
-    params = openai_api.sampling_params(body, state.config, manager.engine.max_model_len, options)
+    params = openai_api.sampling_params(body, state.config, manager.engine.max_model_len, options,
+                                        state.generation_defaults)
     try:
         if len(prompts) == 1:
             one = prompts[0]
