@@ -54,7 +54,12 @@ class EngineThread:
         return True
 
     def submit(self, record, prompt_ids):
-        self._queue.put(("add", record, prompt_ids))
+        self._queue.put(("add", ((record, prompt_ids),)))
+
+    def submit_many(self, entries):
+        """(record, prompt ids) pairs in one queue item: the engine takes them all before its next step, so
+        a request's prompts are prefilled together."""
+        self._queue.put(("add", tuple(entries)))
 
     def abort(self, record):
         self._queue.put(("abort", record))
@@ -115,24 +120,27 @@ class EngineThread:
             return None
 
     def _handle(self, item):
-        record = item[1]
-        if item[0] == "add":             # a prompt's first choice (its forks are the others)
-            if record.finished:          # aborted (or failed) while it waited for this thread
-                return
-            ids = item[2]
-            try:
-                self.engine.add_request(ids, record.params, request_id=record.id,
-                                        fork_ids=[f.id for f in record.forks])
-            except (ValueError, TypeError) as e:
-                self._outbox.fail([record, *record.forks], e)
-                return
-            for choice in (record, *record.forks):
-                choice.detok = IncrementalDetokenizer(self._decoder, ids, record.params.stop,
-                                                      record.params.include_stop_str_in_output)
+        if item[0] == "add":
+            for record, ids in item[1]:
+                self._add(record, ids)
         else:
+            record = item[1]
             self.engine.abort(record.id)
             if not record.finished:
                 self._outbox.end([record], "abort")
+
+    def _add(self, record, ids):
+        """A prompt's first choice (its forks are the others) into the engine."""
+        if record.finished:          # aborted (or failed) while it waited for this thread
+            return
+        try:
+            self.engine.add_request(ids, record.params, request_id=record.id, fork_ids=[f.id for f in record.forks])
+        except (ValueError, TypeError) as e:
+            self._outbox.fail([record, *record.forks], e)
+            return
+        for choice in (record, *record.forks):
+            choice.detok = IncrementalDetokenizer(self._decoder, ids, record.params.stop,
+                                                  record.params.include_stop_str_in_output)
 
     def _fail_all(self, exc):
         records = [r for r in self._requests.open() if r.detok is not None]

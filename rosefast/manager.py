@@ -165,14 +165,17 @@ class SchedulerManager:
         else:
             group = self.requests.add_group(params, self.admission, len(prompts), n, signal, timing)
             leads = group.records[::n]
+        ready = []
         for lead, prompt, ids in zip(leads, prompts, encoded):
             if lead.timing is not None:
                 lead.timing.submit = time.perf_counter()
             if ids is not None:
                 self._set_prompt(lead, ids, lead.timing and lead.timing.submit)
-                self._engine_thread.submit(lead, ids)
+                ready.append((lead, ids))
             else:
                 self._pool.submit(lead, prompt)
+        if ready:   # one hand-over: the engine prefills a request's prompts together
+            self._engine_thread.submit_many(ready)
         return leads[0].id
 
     @staticmethod
