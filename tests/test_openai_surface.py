@@ -105,6 +105,11 @@ def test_echo_with_logprobs_and_max_tokens_zero(client, offline, tiny_llama):
     assert one.choices[0].text.startswith(scored.choices[0].text) and one.usage.completion_tokens == 1
     text = client.completions.create(model="tiny", prompt="Say it back", max_tokens=3, echo=True, temperature=0)
     assert text.choices[0].text.startswith("Say it back")
+    streamed = list(client.completions.create(model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=1,
+                                              temperature=0, stream=True))
+    assert "".join(c.text for ev in streamed for c in ev.choices) == one.choices[0].text
+    assert [v for ev in streamed for c in ev.choices if c.logprobs for v in c.logprobs.token_logprobs] == \
+        one.choices[0].logprobs.token_logprobs
 
 
 def test_several_prompts_are_answered_in_prompt_order(client, offline):
@@ -119,6 +124,9 @@ def test_several_prompts_are_answered_in_prompt_order(client, offline):
     assert [c.index for c in by_ids.choices] == list(range(6))
     assert [c.text for c in by_ids.choices] == [w["text"] for w in want for _ in range(2)]   # greedy: equal pairs
     assert by_ids.usage.prompt_tokens == sum(len(i) for i in ids)   # each prompt counted once
+    streamed = streamed_choices(client.completions.create(model="tiny", prompt=prompts, max_tokens=5, temperature=0,
+                                                          stream=True, extra_body={"ignore_eos": True}))
+    assert streamed == {i: w["text"] for i, w in enumerate(want)}
 
 
 def test_tokenizer_endpoints_and_tolerated_fields(server, client, offline):

@@ -17,7 +17,8 @@ def keyed(tiny_llama):
 
 
 @pytest.mark.parametrize("path, method", [("/v1/models", "get"), ("/v1/completions", "post"),
-                                          ("/v1/chat/completions", "post")])
+                                          ("/v1/chat/completions", "post"), ("/tokenize", "post"),
+                                          ("/detokenize", "post"), ("/tokenizer_info", "get")])
 @pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
 def test_v1_needs_the_key(keyed, path, method, header):
     headers = {"Authorization": header} if header else {}
