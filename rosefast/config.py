@@ -4,7 +4,7 @@ from dataclasses import dataclass, fields
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2-135m"        # smollm2-135m, a Hugging Face directory or a .gguf path
+    model: str = "smollm2-135m"        # smollm2-135m, a Hugging Face directory, a .gguf path, or stand-in
     device: str = "auto"               # auto (cuda when present, else cpu), cpu, cuda, cuda:N
     dtype: str = "auto"                # auto, float32, bfloat16, float16
     block_size: int = 16               # tokens per KV cache block
@@ -19,6 +19,7 @@ class EngineConfig:
     cuda_graph: bool = True            # capture decode steps as CUDA graphs (CUDA only)
     seed: int = 0                      # for requests without their own seed
     num_threads: int = 0               # torch intra-op threads on CPU; 0: torch's default
+    stand_in_step_ms: float = 0.0      # model "stand-in" (no forward pass): how long each step takes
 
     def __post_init__(self):
         for name in ("block_size", "max_batch_size", "prefill_max_batch_size", "max_num_batched_tokens"):
@@ -29,6 +30,10 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if isinstance(self.stand_in_step_ms, bool) or not isinstance(self.stand_in_step_ms, (int, float)) \
+                or not 0 <= self.stand_in_step_ms <= 60_000:
+            raise ValueError(f"stand_in_step_ms must be a number of milliseconds in [0, 60000], "
+                             f"got {self.stand_in_step_ms!r}")
         if not 0 < self.kv_memory_fraction <= 0.95:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -27,6 +27,7 @@ from rosefast.engine.sampling import SamplingParams
 from rosefast.engine_thread import EngineThread
 from rosefast.errors import EngineError, NotReadyError, OverloadedError, ShutdownError
 from rosefast.frontend.admission import AdmissionCounter
+from rosefast.frontend.backlog import BacklogHistogram
 from rosefast.frontend.waker import GeventWaker, ThreadWaker
 from rosefast.outbox import Outbox
 from rosefast.request import RequestTable
@@ -60,6 +61,7 @@ class SchedulerManager:
         self.requests = RequestTable()
         self.outbox = Outbox(self.waker)
         self.tokenized_total = 0     # prompts encoded (inline or by the workers)
+        self.backlog = BacklogHistogram()   # the depth of every chunk a stream takes
         self._record_timing = record_token_timestamps
         self._closed = False
         self._tokenize_workers = tokenize_workers
@@ -229,7 +231,7 @@ class SchedulerManager:
         return self._stream_choices(record.choices())
 
     def _stream(self, record):
-        collector, signal, wait = record.collector, record.signal, self.waker.wait
+        collector, signal, wait, take = record.collector, record.signal, self.waker.wait, self.backlog.take
         finished = False
         try:
             while True:
@@ -238,6 +240,7 @@ class SchedulerManager:
                     if not wait(signal, WAIT_SLICE) and self._closed and not collector.ready:
                         raise ShutdownError("the manager closed before the request finished")
                     continue
+                take(chunk.merged)
                 if chunk.finished:
                     finished = True
                     chunk.prompt_tokens = record.prompt_tokens
@@ -261,6 +264,7 @@ class SchedulerManager:
                     if chunk is None:
                         continue
                     taken = True
+                    self.backlog.take(chunk.merged)
                     chunk.index = record.index
                     if record.logprobs is not None:
                         chunk.logprobs = [record.logprobs.popleft() for _ in chunk.token_ids]
@@ -319,7 +323,8 @@ class SchedulerManager:
     def stats(self):
         """Counters and gauges of the serving core, read at scrape time."""
         return {"inflight": self.admission.inflight, "admitted": self.admission.accepted_total,
-                "rejected": self.admission.rejected_total, "tokenized_prompts": self.tokenized_total}
+                "rejected": self.admission.rejected_total, "tokenized_prompts": self.tokenized_total,
+                "merged_chunks": self.backlog.merged}
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

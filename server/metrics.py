@@ -1,6 +1,6 @@
 """Prometheus metrics: request outcomes and latencies observed here, live engine state read at scrape."""
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -11,6 +11,8 @@ MANAGER_LIVE = (
     (CounterMetricFamily, "rosefast_admitted", "requests admitted", "admitted"),
     (CounterMetricFamily, "rosefast_rejected", "requests refused with 429", "rejected"),
     (CounterMetricFamily, "rosefast_tokenized_prompts", "prompts encoded", "tokenized_prompts"),
+    (CounterMetricFamily, "rosefast_merged_chunks", "deltas that reached a lagging reader merged into an earlier "
+                                                    "chunk (0 while every reader keeps up)", "merged_chunks"),
 )
 ENGINE_LIVE = (
     (GaugeMetricFamily, "rosefast_kv_blocks_used", "KV cache blocks in use", "kv_blocks_used"),
@@ -39,6 +41,9 @@ class _LiveState:
         stats = m.stats()
         for family, name, doc, key in MANAGER_LIVE:
             yield family(name, doc, value=stats[key])
+        backlog = m.backlog
+        yield HistogramMetricFamily("rosefast_backlog_depth", "deltas per chunk a stream takes (1: not merged)",
+                                    buckets=backlog.buckets(), sum_value=backlog.depth_sum)
         books = GaugeMetricFamily("rosefast_bookkeeping_entries", "what is held per request (0 when idle)",
                                   labels=["map"])
         for name, size in m.bookkeeping().items():

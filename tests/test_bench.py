@@ -47,7 +47,7 @@ def test_percentile_matches_numpy():
 
 REPORT_LINES = ["Model:", "Settings:", "Requests:", "Prompt tokens (accepted):", "Submit wall:",
                 "Submit interval/schedule:", "Submit lag:", "Reject latency:", "TTFT:", "TPOT:", "Latency:",
-                "Throughput:"]
+                "Throughput:", " per token: "]
 INPROCESS_LINES = ["add_request latency:", "Tokenize:", "Queue wait (post-tok):", "Prefill->first token:", "ITL:"]
 
 
@@ -97,3 +97,24 @@ def test_url_mode_against_gunicorn(tiny_llama, capsys):
         assert line not in text   # only the server knows those
     assert f["rejected"] >= 1 and f["errors"] == 0
     assert f["completed"] + f["rejected"] == 10
+
+
+def test_url_mode_with_the_lean_client_against_the_stand_in(default_model, capsys):
+    server = Server({"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": 2, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 3})
+    try:
+        f = streaming.main(["--url", server.url, "--client", "raw", "--num-requests", "12", "--max-new-tokens", "20",
+                            "--no-stop-on-eos", "--warmup-runs", "0", "--no-progress"])
+    finally:
+        server.stop()
+    text = capsys.readouterr().out
+    for line in REPORT_LINES + ["Response headers:", "ITL (per SSE event"]:
+        assert line in text, line
+    assert f["rejected"] >= 1 and f["errors"] == 0 and f["completed"] + f["rejected"] == 12
+    assert f["completion_tokens"] == 20 * f["completed"]
+    assert 0 < f["events_per_token"] <= 1
+
+
+def test_in_process_stand_in(default_model):
+    f = streaming.main(["--model", "stand-in", "--stand-in-step-ms", "1", "--num-requests", "16", "--max-new-tokens",
+                        "24", "--no-stop-on-eos", "--warmup-runs", "0", "--no-progress"])
+    assert f["completed"] == 16 and f["completion_tokens"] == 16 * 24 and f["errors"] == 0

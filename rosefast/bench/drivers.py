@@ -30,7 +30,8 @@ class Sample:
     event_times: list = field(default_factory=list)
 
     def received(self, now):
-        """A chunk with tokens (in-process) or text (--url) arrived at `now`."""
+        """A chunk with tokens (in-process) or an SSE event with text (--url) arrived at `now` (one event:
+        a merged one carries several tokens)."""
         self.first_recv = self.first_recv or now
         self.last_recv = now
         self.event_times.append(now)
@@ -121,8 +122,8 @@ def run_inprocess(manager, args, prompts, progress=None):
 
 # -- over HTTP ---------------------------------------------------------------------------------------
 
-async def _http_one(client, args, model, prompt, s, progress):
-    s.t_call = time.perf_counter()   # when the client's loop really starts it: a busy client shows as lag
+def _request(args, model, prompt):
+    """(path, body) of one streamed completion or chat request."""
     chat = args.chat and isinstance(prompt, str)
     body = {"model": model, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -132,7 +133,26 @@ async def _http_one(client, args, model, prompt, s, progress):
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+    return ("/v1/chat/completions" if chat else "/v1/completions"), body
+
+
+def _take_event(s, event):
+    """One SSE event into its sample: an error, the usage, or text (an event that carries text counts)."""
+    if "error" in event:
+        s.error = event["error"].get("message")
+        return
+    if event.get("usage"):
+        s.prompt_tokens = event["usage"]["prompt_tokens"]
+        s.completion_tokens = event["usage"]["completion_tokens"]
+    for choice in event.get("choices") or ():
+        text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
+        if text:
+            s.received(time.perf_counter())
+
+
+async def _http_one(client, args, model, prompt, s, progress):
+    s.t_call = time.perf_counter()   # when the client's loop really starts it: a busy client shows as lag
+    path, body = _request(args, model, prompt)
     try:
         async with client.stream("POST", path, json=body) as r:
             s.t_return = time.perf_counter()
@@ -144,19 +164,32 @@ async def _http_one(client, args, model, prompt, s, progress):
                 s.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return
             async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    s.error = event["error"].get("message")
-                    continue
-                if event.get("usage"):
-                    s.prompt_tokens = event["usage"]["prompt_tokens"]
-                    s.completion_tokens = event["usage"]["completion_tokens"]
-                for choice in event.get("choices") or []:
-                    text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
-                    if text:
-                        s.received(time.perf_counter())
+                if line.startswith("data: {"):
+                    _take_event(s, json.loads(line[6:]))
+    except Exception as e:  # noqa: BLE001
+        s.error = repr(e)
+    finally:
+        if progress is not None:
+            progress.update()
+
+
+async def _raw_one(address, args, model, prompt, s, progress):
+    """The same request through the lean client (sse_client), for thousands of streams."""
+    from rosefast.bench.sse_client import HTTPStatusError, stream_events
+
+    s.t_call = time.perf_counter()
+    path, body = _request(args, model, prompt)
+
+    def on_headers(status):
+        s.t_return = time.perf_counter()
+
+    try:
+        await stream_events(*address, path, body, on_headers, lambda event: _take_event(s, event))
+    except HTTPStatusError as e:
+        if e.status == 429:
+            s.rejected = True
+        else:
+            s.error = str(e)
     except Exception as e:  # noqa: BLE001
         s.error = repr(e)
     finally:
@@ -185,9 +218,20 @@ def run_http(args, prompts, progress=None):
     ready.wait()
     client = asyncio.run_coroutine_threadsafe(open_client(), loop).result()
     futures = []
+    if getattr(args, "client", "httpx") == "raw":
+        from urllib.parse import urlsplit
+
+        url = urlsplit(args.url)
+        address = (url.hostname, url.port or 80)
+
+        def one(prompt, s):
+            return _raw_one(address, args, holder["model"], prompt, s, progress)
+    else:
+        def one(prompt, s):
+            return _http_one(client, args, holder["model"], prompt, s, progress)
     try:
-        samples = run_arrivals(args, prompts, lambda prompt, s: futures.append(asyncio.run_coroutine_threadsafe(
-            _http_one(client, args, holder["model"], prompt, s, progress), loop)))
+        samples = run_arrivals(args, prompts, lambda prompt, s: futures.append(
+            asyncio.run_coroutine_threadsafe(one(prompt, s), loop)))
         for f in futures:
             f.result()
     finally:

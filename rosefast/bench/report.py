@@ -30,6 +30,9 @@ def figures(samples, args, http):
     else:
         out["itl"] = summary([b - a for s in ok for a, b in zip(s.token_times, s.token_times[1:])])
     out["latency"] = summary([s.last_recv - s.t_call for s in ok])
+    events = sum(len(s.event_times) for s in ok)
+    out["events"] = events   # a lagging reader gets merged chunks: fewer events than tokens
+    out["events_per_token"] = events / out["completion_tokens"] if out["completion_tokens"] else None
     if ok:
         span = max(s.last_recv for s in ok) - min(s.t_call for s in samples)
         out["throughput_completion_tok_s"] = out["completion_tokens"] / span
@@ -69,6 +72,9 @@ def print_report(f, args, http, model_name, device):
     else:
         p(f"ITL: {fmt(f['itl'])}")
     p(f"Latency: {fmt(f['latency'])}")
+    if f["events_per_token"] is not None:
+        p(f"{'SSE events' if http else 'Chunks'} per token: {f['events_per_token']:.3f} "
+          f"({f['events']} for {f['completion_tokens']} tokens; below 1: merged deliveries to lagging readers)")
     if "throughput_completion_tok_s" in f:
         p(f"Throughput: completion {f['throughput_completion_tok_s']:.1f} tok/s, "
           f"total {f['throughput_total_tok_s']:.1f} tok/s")

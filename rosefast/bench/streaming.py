@@ -24,7 +24,11 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--url", help="drive this OpenAI-compatible server over HTTP/SSE instead of an in-process manager")
-    a("--model", default="smollm2-135m", help="smollm2-135m (default), tiny, a HF directory or a .gguf")
+    a("--model", default="smollm2-135m",
+      help="smollm2-135m (default), tiny, stand-in (no model: sizes the frontend), a HF directory or a .gguf")
+    a("--stand-in-step-ms", type=float, default=0.0, help="with --model stand-in: how long each engine step takes")
+    a("--client", choices=("httpx", "raw"), default="httpx",
+      help="--url: httpx (default) or raw (a lean asyncio SSE client, for thousands of streams)")
     a("--device", default="auto")
     a("--dtype", default="auto")
     a("--prompt", default="Explain why streaming responses matter for interactive applications.")
@@ -104,7 +108,7 @@ def make_manager(args):
         max_inflight_requests=args.max_inflight_requests or None, tokenize_workers=args.tokenize_workers,
         record_token_timestamps=True, enable_prefix_cache=not args.no_prefix_cache,
         cuda_graph=not args.no_cuda_graph, kv_cache_tokens=args.kv_cache_tokens, seed=args.seed,
-        before_step=before_step)
+        stand_in_step_ms=args.stand_in_step_ms, before_step=before_step)
 
 
 def measure(args, prompts, run):

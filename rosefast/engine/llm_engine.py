@@ -10,7 +10,8 @@ from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence
-from rosefast.models.sources import resolve_model
+from rosefast.engine.stand_in import StandInRunner
+from rosefast.models.sources import STAND_IN, resolve_model
 
 log = logging.getLogger("rosefast.engine")
 
@@ -45,7 +46,8 @@ class LLMEngine:
     def __init__(self, config=None, *, before_step=None, **kwargs):
         self.config = config or EngineConfig.from_kwargs(**kwargs)
         self.model = resolve_model(self.config.model)   # the config keeps the spec it was given
-        self.runner = ModelRunner(self.config, self.model)
+        self.runner = StandInRunner(self.config, self.model) if self.model.source == STAND_IN \
+            else ModelRunner(self.config, self.model)
         self.args = self.runner.args
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.kv.num_blocks, self.config.block_size,

@@ -13,6 +13,7 @@ cdef class StreamChunk:
     cdef public object text
     cdef public object finished
     cdef public object finish_reason
+    cdef public Py_ssize_t merged   # set by the collector: how many later deltas were merged into this one
     # set by the manager's stream, never read or merged by the collector: on a choice's final chunk its prompt
     # length; with several choices or logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
     cdef public object prompt_tokens
@@ -35,6 +36,7 @@ cdef class StreamOutputCollector:
     cdef bint _has
     cdef object _error
     cdef readonly Py_ssize_t merges
+    cdef Py_ssize_t _merges_taken   # `merges` at the last take
 
     cdef int _put(self, PyObject *token_ids, PyObject *text, bint finished, PyObject *finish_reason) except -1
     cdef int _put_other(self, object token_ids, object text, bint finished, object finish_reason) except -1

@@ -225,6 +225,8 @@ cdef class StreamOutputCollector:
         chunk.text = self._take_text()
         chunk.finished = self._finished
         chunk.finish_reason = self._reason
+        chunk.merged = self.merges - self._merges_taken
+        self._merges_taken = self.merges
         self._text_len = 0
         self._maxchar = 0
         self._reason = None

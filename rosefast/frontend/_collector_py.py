@@ -51,13 +51,14 @@ def chunk_repr(chunk):
 
 
 class StreamChunk:
-    __slots__ = FIELDS + ("prompt_tokens", "index", "logprobs", "prompt_logprobs")
+    __slots__ = FIELDS + ("merged", "prompt_tokens", "index", "logprobs", "prompt_logprobs")
 
     def __init__(self, token_ids, text, finished=False, finish_reason=None):
         self.token_ids = token_ids
         self.text = text
         self.finished = finished
         self.finish_reason = finish_reason
+        self.merged = 0   # set by the collector: how many later deltas were merged into this one
         # set by the manager's stream, never read or merged here: on a choice's final chunk its prompt length;
         # with several choices or logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
         self.prompt_tokens = self.index = self.logprobs = self.prompt_logprobs = None
@@ -67,7 +68,8 @@ class StreamChunk:
 
 
 class StreamOutputCollector:
-    __slots__ = ("_ids", "_text", "_pieces", "_finished", "_reason", "_has", "_error", "merges", "_lock")
+    __slots__ = ("_ids", "_text", "_pieces", "_finished", "_reason", "_has", "_error", "merges", "_merges_taken",
+                 "_lock")
 
     def __init__(self):
         # The engine thread puts while a consumer takes. The compiled twin's calls are GIL-atomic; Python
@@ -81,6 +83,7 @@ class StreamOutputCollector:
         self._has = False
         self._error = None
         self.merges = 0
+        self._merges_taken = 0   # `merges` at the last take
 
     def put(self, token_ids, text, finished, finish_reason):
         """Store or merge one delta; True when the collector went from empty to ready."""
@@ -138,13 +141,16 @@ class StreamOutputCollector:
                 return None
             ids, text, pieces = self._ids, self._text, self._pieces
             finished, reason = self._finished, self._reason
+            merged, self._merges_taken = self.merges - self._merges_taken, self.merges
             self._ids = self._text = self._pieces = self._reason = None
             self._finished = False
             self._has = False
         finally:
             lock.release()
         # Built outside the lock: the state is this call's alone now.
-        return StreamChunk(ids, text if pieces is None else "".join(pieces), finished, reason)
+        chunk = StreamChunk(ids, text if pieces is None else "".join(pieces), finished, reason)
+        chunk.merged = merged
+        return chunk
 
     @property
     def ready(self):

