@@ -69,7 +69,7 @@ def measure(server, streams, tokens, prompt):
             "threads_us_per_token": rest / delivered * 1e6 if delivered else None}
 
 
-def start(kind, step_ms, max_streams):
+def start(kind, step_ms, max_streams, switch_ms=None):
     connections = ["--worker-connections", str(max_streams + 64), "--backlog", str(max(2048, max_streams))]
     if kind == "bare":
         return Server({"BARE_STEP_MS": step_ms}, command=[sys.executable, "-m", "gunicorn", "-k", "gevent",
@@ -78,8 +78,14 @@ def start(kind, step_ms, max_streams):
     env = {"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": step_ms, "ROSEFAST_MAX_BATCH_SIZE": max_streams,
            "ROSEFAST_MAX_ACTIVE_REQUESTS": max_streams, "ROSEFAST_MAX_INFLIGHT_REQUESTS": max_streams,
            "ROSEFAST_PREFILL_MAX_BATCH_SIZE": 256, "ROSEFAST_KV_CACHE_TOKENS": max_streams * 128}
+    if switch_ms is not None:
+        env["ROSEFAST_SWITCH_INTERVAL_MS"] = switch_ms
     return Server(env, command=[sys.executable, "-m", "gunicorn", "-k", "gevent", "server:app", "--bind",
                                 "127.0.0.1:{port}", *connections])
+
+
+def label(kind, switch_ms):
+    return f"rosefast (stand-in), switch {switch_ms:g} ms" if kind == "rosefast" else "bare gevent WSGI, same bytes"
 
 
 def row(name, r):
@@ -95,16 +101,21 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--prompt", default="Explain why streaming responses matter.")
+    p.add_argument("--switch-interval-ms", default="0.5",
+                   help="rosefast runs at each of these GIL switch intervals (ROSEFAST_SWITCH_INTERVAL_MS)")
     p.add_argument("--no-bare", action="store_true", help="skip the bare gevent reference")
     a = p.parse_args(argv)
     counts = [int(x) for x in a.streams.split(",")]
     results = []
-    for kind in ("rosefast", "bare")[:1 if a.no_bare else 2]:
-        server = start(kind, a.step_ms, max(counts))
+    servers = [("rosefast", float(x)) for x in a.switch_interval_ms.split(",")] + ([] if a.no_bare else [("bare", None)])
+    for kind, switch_ms in servers:
+        server = start(kind, a.step_ms, max(counts), switch_ms)
         try:
             for n in counts:
-                results.append((kind, measure(server, n, a.tokens, a.prompt)))
-                print(row(*results[-1]), file=sys.stderr, flush=True)
+                r = measure(server, n, a.tokens, a.prompt)
+                r["switch_interval_ms"] = switch_ms
+                results.append((kind, r))
+                print(row(label(kind, switch_ms), r), file=sys.stderr, flush=True)
         finally:
             server.stop()
     print(f"{a.tokens} tokens per stream, engine step {a.step_ms} ms (stand-in), client: the lean SSE client in "
@@ -113,11 +124,13 @@ def main(argv=None):
           "| events per token | server CPU µs per token (hub + other threads) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for kind, r in results:
-        print(row("rosefast (stand-in)" if kind == "rosefast" else "bare gevent WSGI, same bytes", r))
-    ours = {r["streams"]: r for kind, r in results if kind == "rosefast"}
-    if len(ours) > 1:
-        lo, hi = ours[min(ours)], ours[max(ours)]
-        print(f"tok/s at {hi['streams']} streams / at {lo['streams']}: {hi['tok_s'] / lo['tok_s']:.2f}x")
+        print(row(label(kind, r["switch_interval_ms"]), r))
+    for kind, switch_ms in servers:
+        ours = {r["streams"]: r for k, r in results if k == kind and r["switch_interval_ms"] == switch_ms}
+        if len(ours) > 1:
+            lo, hi = ours[min(ours)], ours[max(ours)]
+            print(f"{label(kind, switch_ms)}: tok/s at {hi['streams']} streams / at {lo['streams']}: "
+                  f"{hi['tok_s'] / lo['tok_s']:.2f}x")
     return results
 
 

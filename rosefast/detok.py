@@ -24,14 +24,13 @@ class IncrementalDetokenizer:
 
     def step(self, token_ids):
         """The text these new tokens add (possibly ""), with stop strings applied; sets `stopped`."""
-        text = []
-        for t in token_ids:
-            piece = self._stream.step(self._tokenizer, t)
-            if piece:
-                text.append(piece)
+        if len(token_ids) == 1:   # a decode step's one token
+            text = self._stream.step(self._tokenizer, token_ids[0]) or ""
+        else:
+            text = "".join(filter(None, (self._stream.step(self._tokenizer, t) for t in token_ids)))
         if not self._stop:
-            return "".join(text)
-        return self._apply_stop(self._held + "".join(text))
+            return text
+        return self._apply_stop(self._held + text)
 
     def _apply_stop(self, buf):
         cut = -1

@@ -27,14 +27,14 @@ from rosefast.engine.sampling import SamplingParams
 from rosefast.engine_thread import EngineThread
 from rosefast.errors import EngineError, NotReadyError, OverloadedError, ShutdownError
 from rosefast.frontend.admission import AdmissionCounter
-from rosefast.frontend.backlog import BacklogHistogram
 from rosefast.frontend.waker import GeventWaker, ThreadWaker
+from rosefast.histogram import DEPTH_BOUNDS, Histogram
 from rosefast.outbox import Outbox
 from rosefast.request import RequestTable
 from rosefast.timing import RequestTiming
 from rosefast.tokenize_pool import TokenizePool
 
-WAIT_SLICE = 0.5   # a consumer re-checks for shutdown this often while it waits
+WAIT_SLICE = 0.5   # a consumer re-checks for shutdown this often while it waits (unless its waker says otherwise)
 _gc_frozen_by = set()   # ids of the open managers that froze the startup objects
 
 
@@ -58,10 +58,11 @@ class SchedulerManager:
         self.config = engine_config
         self.admission = AdmissionCounter(max_inflight_requests)
         self.waker = GeventWaker() if waker == "gevent" else ThreadWaker() if waker == "thread" else waker
+        self._wait_slice = getattr(self.waker, "wait_slice", WAIT_SLICE)
         self.requests = RequestTable()
         self.outbox = Outbox(self.waker)
         self.tokenized_total = 0     # prompts encoded (inline or by the workers)
-        self.backlog = BacklogHistogram()   # the depth of every chunk a stream takes
+        self.backlog = Histogram(DEPTH_BOUNDS)   # the depth of every chunk a stream takes (1 + deltas merged)
         self._record_timing = record_token_timestamps
         self._closed = False
         self._tokenize_workers = tokenize_workers
@@ -231,16 +232,16 @@ class SchedulerManager:
         return self._stream_choices(record.choices())
 
     def _stream(self, record):
-        collector, signal, wait, take = record.collector, record.signal, self.waker.wait, self.backlog.take
+        collector, signal, wait, depth = record.collector, record.signal, self.waker.wait, self.backlog.observe
         finished = False
         try:
             while True:
                 chunk = collector.get_nowait()
                 if chunk is None:
-                    if not wait(signal, WAIT_SLICE) and self._closed and not collector.ready:
+                    if not wait(signal, self._wait_slice) and self._closed and not collector.ready:
                         raise ShutdownError("the manager closed before the request finished")
                     continue
-                take(chunk.merged)
+                depth(chunk.merged + 1)
                 if chunk.finished:
                     finished = True
                     chunk.prompt_tokens = record.prompt_tokens
@@ -264,7 +265,7 @@ class SchedulerManager:
                     if chunk is None:
                         continue
                     taken = True
-                    self.backlog.take(chunk.merged)
+                    self.backlog.observe(chunk.merged + 1)
                     chunk.index = record.index
                     if record.logprobs is not None:
                         chunk.logprobs = [record.logprobs.popleft() for _ in chunk.token_ids]
@@ -276,7 +277,7 @@ class SchedulerManager:
                         chunk.prompt_tokens = record.prompt_tokens
                         waiting.remove(record)
                     yield chunk
-                if not taken and not wait(signal, WAIT_SLICE) and self._closed \
+                if not taken and not wait(signal, self._wait_slice) and self._closed \
                         and not any(r.collector.ready for r in waiting):
                     raise ShutdownError("the manager closed before the request finished")
         finally:
@@ -324,7 +325,7 @@ class SchedulerManager:
         """Counters and gauges of the serving core, read at scrape time."""
         return {"inflight": self.admission.inflight, "admitted": self.admission.accepted_total,
                 "rejected": self.admission.rejected_total, "tokenized_prompts": self.tokenized_total,
-                "merged_chunks": self.backlog.merged}
+                "merged_chunks": self.backlog.sum - self.backlog.count}
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

@@ -29,6 +29,9 @@ class ServerConfig(EngineConfig):
     retry_after_seconds: int = 1         # the Retry-After of a 429
     api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>"
     log_text: bool = False               # log prompts and completions (off: never)
+    switch_interval_ms: float = 0.5      # the GIL switch interval in the worker: short keeps the hub's timers
+                                         # prompt (p99 lag 1.8 ms vs 9.3 at 5); 5 costs ~30% less CPU per
+                                         # token at thousands of streams
     generation_config: str = "model"     # model: the model's generation defaults fill what a request omits; none
     # fault injection, for reliability tests and drills (off by default)
     fault_steps: str = ""                # engine steps (comma-separated numbers) that raise
@@ -80,6 +83,8 @@ def server_config_from_env(environ=None):
         low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens") else 0
         if value < low:
             raise ConfigError(f"{PREFIX}{name.upper()}={value} must be >= {low}")
+    if not 0.05 <= config.switch_interval_ms <= 100:
+        raise ConfigError(f"{PREFIX}SWITCH_INTERVAL_MS={config.switch_interval_ms} must be in [0.05, 100]")
     if config.generation_config not in ("model", "none"):
         raise ConfigError(f"{PREFIX}GENERATION_CONFIG={config.generation_config!r} must be model or none")
     try:

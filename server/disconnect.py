@@ -1,7 +1,9 @@
 """Notice a client that went away while its request is still generating, without waiting for a write.
 
-A greenlet waits until the client socket is readable; a zero-byte peek means the peer closed it. Any
-other bytes (a pipelined request) end the watch: that connection is still alive.
+A libev io watcher on the client socket runs a callback in the hub when the socket turns readable (no
+greenlet waits per request: spawning one cost ~7% of the hub's time per request at thousands of streams);
+only then a greenlet peeks: zero bytes mean the peer closed it. Any other bytes (a pipelined request) end
+the watch: that connection is still alive.
 """
 import socket
 import sys
@@ -13,15 +15,28 @@ def watch(environ, on_disconnect):
     if sock is None or "gevent" not in sys.modules:
         return lambda: None
     import gevent
-    from gevent.socket import wait_read
 
-    def run():
+    try:
+        watcher = gevent.get_hub().loop.io(sock.fileno(), 1)   # 1: readable
+    except (OSError, ValueError):
+        on_disconnect()   # the socket is already closed: the client is gone
+        return lambda: None
+
+    def peek():
         try:
-            wait_read(sock.fileno())
             if sock.recv(1, socket.MSG_PEEK) == b"":
                 on_disconnect()
         except (OSError, ValueError):
-            on_disconnect()   # the socket is already closed or broken: the client is gone
+            on_disconnect()   # broken or closed: the client is gone
 
-    greenlet = gevent.spawn(run)
-    return lambda: greenlet.kill(block=False)
+    def readable():   # in the hub's loop, which must not block: the peek goes to a greenlet
+        watcher.stop()
+        gevent.spawn(peek)
+
+    watcher.start(readable)
+
+    def stop():
+        watcher.stop()
+        watcher.close()
+
+    return stop

@@ -60,9 +60,9 @@ class State:
     def start(self):
         """Start the manager; the model loads on its engine thread while the app already answers /health."""
         gevent = _gevent_patched()
-        if gevent:
-            sys.setswitchinterval(0.0005)   # the engine thread's Python work yields the GIL to the hub often
         c = self.config
+        if gevent:   # how soon the engine thread's Python work yields the GIL to the hub (see ServerConfig)
+            sys.setswitchinterval(c.switch_interval_ms / 1000.0)
         self.manager = SchedulerManager(c.engine_config(), max_inflight_requests=c.max_inflight_requests or None,
                                         tokenize_workers=c.tokenize_workers, waker="gevent" if gevent else "thread",
                                         wait=False, **fault_hooks(c))

@@ -1,8 +1,14 @@
 """Prometheus metrics: request outcomes and latencies observed here, live engine state read at scrape."""
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+from rosefast.histogram import LATENCY_BOUNDS, Histogram
+
+# name -> help of the latency histograms observed by the streams (rosefast.histogram: no lock per event)
+LATENCIES = {"ttft": ("rosefast_ttft_seconds", "request arrival to first token"),
+             "itl": ("rosefast_itl_seconds", "gap between a request's consecutive streamed events"),
+             "e2e": ("rosefast_e2e_seconds", "request arrival to its last token")}
 
 
 # (family, name, help, key): read from manager.stats(), or from engine.stats() once loaded, at scrape time
@@ -27,6 +33,20 @@ ENGINE_LIVE = (
 )
 
 
+def histogram_family(name, doc, histogram):
+    return HistogramMetricFamily(name, doc, buckets=[(floatToGoString(b), n) for b, n in histogram.buckets()],
+                                 sum_value=histogram.sum)
+
+
+class _Latencies:
+    def __init__(self, metrics):
+        self._metrics = metrics
+
+    def collect(self):
+        for key, (name, doc) in LATENCIES.items():
+            yield histogram_family(name, doc, getattr(self._metrics, key))
+
+
 class _LiveState:
     """Reads the manager's and the engine's stats() at scrape time (no bookkeeping on the request path)."""
 
@@ -41,9 +61,8 @@ class _LiveState:
         stats = m.stats()
         for family, name, doc, key in MANAGER_LIVE:
             yield family(name, doc, value=stats[key])
-        backlog = m.backlog
-        yield HistogramMetricFamily("rosefast_backlog_depth", "deltas per chunk a stream takes (1: not merged)",
-                                    buckets=backlog.buckets(), sum_value=backlog.depth_sum)
+        yield histogram_family("rosefast_backlog_depth", "deltas per chunk a stream takes (1: not merged)",
+                               m.backlog)
         books = GaugeMetricFamily("rosefast_bookkeeping_entries", "what is held per request (0 when idle)",
                                   labels=["map"])
         for name, size in m.bookkeeping().items():
@@ -64,12 +83,8 @@ class Metrics:
         self.prompt_tokens = Counter("rosefast_prompt_tokens", "prompt tokens of completed requests",
                                      registry=self.registry)
         self.completion_tokens = Counter("rosefast_completion_tokens", "tokens generated", registry=self.registry)
-        self.ttft = Histogram("rosefast_ttft_seconds", "request arrival to first token", buckets=LATENCY_BUCKETS,
-                              registry=self.registry)
-        self.itl = Histogram("rosefast_itl_seconds", "gap between a request's consecutive streamed events",
-                             buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.e2e = Histogram("rosefast_e2e_seconds", "request arrival to its last token", buckets=LATENCY_BUCKETS,
-                             registry=self.registry)
+        self.ttft, self.itl, self.e2e = (Histogram(LATENCY_BOUNDS) for _ in LATENCIES)
+        self.registry.register(_Latencies(self))
         self.registry.register(_LiveState(state))
 
     def render(self):

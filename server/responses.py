@@ -98,7 +98,9 @@ class Run:
             for chunk in stream:
                 choice, text, entries, reason, first = self._take(chunk)
                 role = self.chat and first
-                if text or reason or role or entries:
+                if text and not (reason or role or entries or opts.continuous_usage):
+                    yield shapes.text_event(choice.index, text)
+                elif text or reason or role or entries:
                     yield sse.event(shapes.chunk(choice.index, text, reason, role, self._logprobs(choice, entries),
                                                  self._usage() if opts.continuous_usage else None))
             if opts.include_usage:

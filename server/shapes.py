@@ -1,10 +1,17 @@
 """OpenAI response bodies for one request: the same id and created in every chunk, a choice per index."""
+import random
 import time
-import uuid
+from json.encoder import encode_basestring   # the escaper json.dumps(ensure_ascii=False) uses for a str
+
+from server import sse
+
+_MARK = "\x00"   # a text no id or model name holds: where a text event's bytes split around the text
 
 
 def new_id(prefix):
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+    """24 random hex digits, as before from uuid4 but without a system call and a UUID per request (the
+    module's generator is seeded from os.urandom, and again in each forked worker)."""
+    return f"{prefix}-{random.getrandbits(96):024x}"
 
 
 class Shapes:
@@ -13,6 +20,7 @@ class Shapes:
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
         self.model = model
+        self._text_events = {}   # choice index -> (bytes before the text, bytes after it)
 
     def _base(self, obj):
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -29,6 +37,17 @@ class Shapes:
         if usage is not None:
             body["usage"] = usage
         return body
+
+    def text_event(self, index, text):
+        """`sse.event(self.chunk(index, text, None))` for a plain text delta — the common event — from bytes
+        made once per choice: only the text is escaped per event."""
+        parts = self._text_events.get(index)
+        if parts is None:
+            parts = self._text_events[index] = sse.event(self.chunk(index, _MARK, None)).split(
+                encode_basestring(_MARK).encode())
+        if len(parts) != 2:   # the mark turned up elsewhere too: build it whole
+            return sse.event(self.chunk(index, text, None))
+        return encode_basestring(text).encode().join(parts)
 
     def usage_chunk(self, usage):
         return {**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],

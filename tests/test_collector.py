@@ -352,14 +352,3 @@ def test_one_argument_methods_are_positional_only_in_both_flavours(mod):
         c.put_nowait(chunk=mod.StreamChunk([1], "a", False, None))
     assert c.get_nowait() is None and c.merges == 0
 
-
-def test_backlog_histogram_buckets_depths_by_powers_of_two():
-    from rosefast.frontend.backlog import BOUNDS, BacklogHistogram
-
-    h = BacklogHistogram()
-    for merged in (0, 0, 1, 2, 3, 4, 9000):       # depths 1, 1, 2, 3, 4, 5, 9001
-        h.take(merged)
-    cumulative = dict(h.buckets())
-    assert (cumulative["1"], cumulative["2"], cumulative["4"], cumulative["8"]) == (2, 3, 5, 6)
-    assert cumulative[str(BOUNDS[-1])] == 6 and cumulative["+Inf"] == 7
-    assert h.merged == 9010 and h.depth_sum == 7 + 9010

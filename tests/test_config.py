@@ -24,6 +24,7 @@ def test_variables_map_to_fields():
     ("ROSEFAST_TOKENIZE_WORKERS", "-1", "ROSEFAST_TOKENIZE_WORKERS=-1 must be >= 0"),
     ("ROSEFAST_MAX_BODY_BYTES", "0", "ROSEFAST_MAX_BODY_BYTES=0 must be >= 1"),
     ("ROSEFAST_STAND_IN_STEP_MS", "-1", "ROSEFAST_STAND_IN_STEP_MS"),
+    ("ROSEFAST_SWITCH_INTERVAL_MS", "0", "ROSEFAST_SWITCH_INTERVAL_MS=0.0 must be in"),
 ])
 def test_bad_values_name_the_variable(name, value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):

@@ -123,8 +123,10 @@ class BlockManager:
         if not self.enable_prefix_cache:
             return
         bs = self.block_size
-        full = min(seq.num_cached, seq.num_tokens) // bs
+        full = min(seq.num_cached, len(seq.token_ids)) // bs
         i = seq.num_hashed_blocks
+        if i >= full:   # most steps: no block filled up
+            return
         prev = self.block_hash[seq.block_table[i - 1]] if i else None
         while i < full:
             block = seq.block_table[i]

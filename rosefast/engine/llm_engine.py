@@ -16,7 +16,7 @@ from rosefast.models.sources import STAND_IN, resolve_model
 log = logging.getLogger("rosefast.engine")
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutput:
     request_id: object
     new_token_ids: list
@@ -167,8 +167,9 @@ class LLMEngine:
         """Forward, sample, commit: the outputs of the sequences that sampled a token."""
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table)
                   for seq, n in zip(step.seqs, step.chunks)]
-        sampling = [i for i in range(len(step.seqs)) if step.completes(i)]
-        full = {i for i, s in enumerate(step.seqs) if step.is_prefill and s.wants_prompt_logprobs}
+        sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
+            else range(len(step.seqs))   # every decoding sequence samples
+        full = {i for i, s in enumerate(step.seqs) if s.wants_prompt_logprobs} if step.is_prefill else None
         logits = self.runner.forward(inputs, step.is_prefill, all_logits=full)
         if full:
             logits = self._prompt_logprobs(step, full, logits)
@@ -196,10 +197,12 @@ class LLMEngine:
             reason = self._finish_reason(seq, token)
             if reason is not None:
                 self._end(seq, reason)
-            first = seq.scheduled_at if seq.num_output_tokens == 1 else None
-            prompt_lp = seq.prompt_logprobs if seq.num_output_tokens == 1 else None
-            outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, first,
-                                      None if lp is None else [lp], prompt_lp))
+            if len(seq.token_ids) - seq.num_prompt_tokens == 1:   # its first token
+                outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, seq.scheduled_at,
+                                          None if lp is None else [lp], seq.prompt_logprobs))
+            else:
+                outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, None,
+                                          None if lp is None else [lp]))
         return outputs
 
     def _prompt_logprobs(self, step, full, logits):
@@ -260,7 +263,8 @@ class LLMEngine:
     def _finish_reason(self, seq, token):
         if token in seq.stop_ids:
             return "stop"
-        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+        n = len(seq.token_ids)
+        if n - seq.num_prompt_tokens >= seq.params.max_tokens or n >= self.max_model_len:
             return "length"
         return None
 

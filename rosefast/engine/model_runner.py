@@ -16,7 +16,7 @@ from rosefast.models.loader import load_model
 from rosefast.models.packed import pack_linears
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqInput:
     """One sequence's part of a step."""
     token_ids: list       # the new tokens to compute (a prefill chunk, or the one last token for decode)

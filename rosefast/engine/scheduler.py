@@ -95,9 +95,14 @@ class Scheduler:
 
     def _schedule_decode(self):
         bm = self.block_manager
+        bs, running = bm.block_size, SequenceStatus.RUNNING
         seqs, cut_short = [], []
         for seq in list(self.running):
-            if seq.in_prefill or seq.status is not SequenceStatus.RUNNING:
+            n = len(seq.token_ids)
+            if seq.num_cached < n - 1 or seq.status is not running:   # in prefill, or preempted above
+                continue
+            if len(seq.block_table) * bs >= n:   # the common case: its newest token fits in its last block
+                seqs.append(seq)
                 continue
             while not bm.can_append(seq):
                 victim = self._newest_running(exclude=seq)

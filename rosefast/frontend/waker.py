@@ -17,6 +17,8 @@ from rosefast._native import native_lock
 class ThreadWaker:
     """Native binary semaphores; `wake` releases each ready one."""
 
+    wait_slice = 0.5   # consumers re-check for shutdown this often: a close can race an admission on another thread
+
     def __init__(self):
         self.wakes = 0   # wake() calls that had something to wake
 
@@ -48,6 +50,10 @@ class ThreadWaker:
 
 class GeventWaker:
     """One async-watcher send per step from the engine thread; the hub wakes the ready greenlets."""
+
+    # No timer per wait (a gevent Timeout made and cancelled per streamed event): admissions and close() both
+    # run on the hub thread, so close() fails every request admitted before it, which wakes its consumer.
+    wait_slice = None
 
     def __init__(self, hub=None):
         import gevent
