@@ -3,7 +3,7 @@
 bind = "127.0.0.1:8000"
 worker_class = "gevent"
 workers = 1
-worker_connections = 1000   # bounds the open streams of the worker
+worker_connections = 1000   # bounds the open connections of the worker: keep it above ROSEFAST_MAX_INFLIGHT_REQUESTS
 timeout = 120               # a heartbeat, not a request limit: long streams are fine while the hub runs
 graceful_timeout = 30       # on SIGTERM, in-flight streams get this long to finish
 keepalive = 5

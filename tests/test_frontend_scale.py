@@ -115,5 +115,5 @@ def test_the_frontend_benchmark_runs_both_servers(default_model, capsys):
     results = frontend_scale.main(["--streams", "8,24", "--tokens", "6", "--step-ms", "2"])
     assert [(kind, r["streams"], r["completed"], r["errors"]) for kind, r in results] == \
         [("rosefast", 8, 8, 0), ("rosefast", 24, 24, 0), ("bare", 8, 8, 0), ("bare", 24, 24, 0)]
-    assert all(r["delivered"] == 6 * r["streams"] and r["cpu_us_per_token"] > 0 for _, r in results)
+    assert all(r["delivered"] == 6 * r["streams"] and r["cpu_us_per_token"] >= 0 for _, r in results)
     assert "| bare gevent WSGI, same bytes | 24 |" in capsys.readouterr().out

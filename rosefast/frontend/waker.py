@@ -5,9 +5,10 @@ Each request gets a signal (`waker.signal()`, kept in its record); the engine lo
 when its collector was empty, then takes the chunk. A wakeup before the wait is not lost.
 
 - `ThreadWaker`: consumers are OS threads; a signal is a native binary semaphore.
-- `GeventWaker`: consumers are greenlets; a signal is a gevent Event. Made in the hub's thread; `wake`
-  appends the signals to a deque and sends one libev async-watcher signal (thread-safe, coalesced); the
-  callback, in the hub, sets each of them.
+- `GeventWaker`: consumers are greenlets; a signal is a GreenSignal (a flag, or the parked consumer's
+  gevent Waiter). Made in the hub's thread; `wake` appends the signals to a deque and sends one libev
+  async-watcher signal (thread-safe, coalesced); the callback, in the hub, switches into each parked
+  consumer (or flags the signal for a consumer not waiting yet).
 """
 from collections import deque
 
@@ -48,6 +49,15 @@ class ThreadWaker:
         pass
 
 
+class GreenSignal:
+    """A consumer greenlet's wakeup: `ready` when woken while it was not waiting, else its parked Waiter."""
+    __slots__ = ("ready", "waiter")
+
+    def __init__(self):
+        self.ready = False
+        self.waiter = None
+
+
 class GeventWaker:
     """One async-watcher send per step from the engine thread; the hub wakes the ready greenlets."""
 
@@ -57,9 +67,9 @@ class GeventWaker:
 
     def __init__(self, hub=None):
         import gevent
-        from gevent.event import Event
+        from gevent.hub import Waiter
 
-        self._event_type = Event
+        self._waiter_type = Waiter
         self._hub = hub or gevent.get_hub()
         self._pending = deque()
         self._watcher = self._hub.loop.async_()
@@ -67,8 +77,9 @@ class GeventWaker:
         self.wakes = 0       # wake() calls that had something to wake (sends)
         self.callbacks = 0   # hub callbacks run (libev coalesces sends)
 
-    def signal(self):
-        return self._event_type()
+    @staticmethod
+    def signal():
+        return GreenSignal()
 
     def wake(self, signals):
         """Called from any thread (normally the engine's): queue the signals, send one libev signal."""
@@ -79,16 +90,36 @@ class GeventWaker:
         self._watcher.send()
 
     def _on_signal(self):
+        """In the hub: switch straight into each parked consumer (a gevent Event would schedule a callback per
+        set and notify its links from there: twice the hub's work per wakeup)."""
         self.callbacks += 1
         pending = self._pending
         while pending:
-            pending.popleft().set()
+            signal = pending.popleft()
+            waiter = signal.waiter
+            if waiter is None:
+                signal.ready = True
+            else:
+                signal.waiter = None
+                waiter.switch(True)
 
-    @staticmethod
-    def wait(event, timeout=None):
-        woken = event.wait(timeout)
-        event.clear()
-        return woken
+    def wait(self, signal, timeout=None):
+        """Park the calling greenlet until woken (True) or `timeout` seconds pass (False); a wake before the
+        wait counts."""
+        if signal.ready:
+            signal.ready = False
+            return True
+        waiter = signal.waiter = self._waiter_type(self._hub)
+        timer = None
+        if timeout is not None:
+            timer = self._hub.loop.timer(timeout)
+            timer.start(waiter.switch, False)
+        try:
+            return waiter.get()
+        finally:
+            signal.waiter = None
+            if timer is not None:
+                timer.close()
 
     def close(self):
         self._watcher.stop()
