@@ -101,7 +101,7 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--step-ms", type=float, default=20.0)
     p.add_argument("--prompt", default="Explain why streaming responses matter.")
-    p.add_argument("--switch-interval-ms", default="0.5",
+    p.add_argument("--switch-interval-ms", default="5",
                    help="rosefast runs at each of these GIL switch intervals (ROSEFAST_SWITCH_INTERVAL_MS)")
     p.add_argument("--no-bare", action="store_true", help="skip the bare gevent reference")
     a = p.parse_args(argv)

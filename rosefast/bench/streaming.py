@@ -127,7 +127,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.num_requests < 1 or args.max_new_tokens < 1 or args.prompt_repeats < 1:
         raise SystemExit("--num-requests, --max-new-tokens and --prompt-repeats must be >= 1")
-    sys.setswitchinterval(0.0005)   # as the server does: the submit loop is not kept off the GIL for 5 ms
+    sys.setswitchinterval(0.0005)   # the arrival loop is not kept off the GIL for 5 ms by the consumer threads
     http = args.url is not None
     if http:
         tokenizer = None
