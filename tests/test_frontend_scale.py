@@ -54,7 +54,8 @@ async def run_streams(port, streams, chat=False):
                             lambda status: None, on_event)
         return "".join(texts), usage, events[0]
 
-    return await asyncio.gather(*(one(i) for i in range(streams)))
+    # a hang guard, not a speed check: a lost wakeup leaves a stream waiting forever
+    return await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(streams))), 300)
 
 
 def test_two_thousand_streams_complete_with_the_exact_text_and_usage(default_model, tokenizer):
@@ -117,3 +118,31 @@ def test_the_frontend_benchmark_runs_both_servers(default_model, capsys):
         [("rosefast", 8, 8, 0), ("rosefast", 24, 24, 0), ("bare", 8, 8, 0), ("bare", 24, 24, 0)]
     assert all(r["delivered"] == 6 * r["streams"] and r["cpu_us_per_token"] >= 0 for _, r in results)
     assert "| bare gevent WSGI, same bytes | 24 |" in capsys.readouterr().out
+
+
+def test_a_client_gone_while_nothing_is_written_is_noticed(default_model):
+    """A non-streamed request writes nothing until it is done: only the socket watch can see its client leave
+    (at the stand-in's 50 ms step its 2,000 tokens would take 100 s)."""
+    import socket
+    import time
+
+    port = free_port()
+    server = Server(stand_in_env(8, stand_in_step_ms=50, max_tokens_cap=4096), port=port, command=gunicorn(port, 8))
+    try:
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}).encode()
+        client = socket.create_connection(("127.0.0.1", port))
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.monotonic() + 30
+        while server.metric("rosefast_inflight_requests") != 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.metric("rosefast_inflight_requests") == 1
+        client.close()   # gone mid-request
+        deadline = time.monotonic() + 20   # a hang guard: the watch notices at once; without it, 100 s
+        while (server.metric("rosefast_inflight_requests"), server.metric("rosefast_kv_blocks_used")) != (0, 0) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.metric("rosefast_inflight_requests") == 0
+        assert server.metric("rosefast_kv_blocks_used") == 0
+    finally:
+        server.stop()

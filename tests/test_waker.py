@@ -104,3 +104,18 @@ def test_gevent_waker_counts_sends_per_step():
         assert waker.callbacks == 1
     finally:
         waker.close()
+
+
+def test_gevent_waker_wake_before_wait_is_not_lost():
+    gevent = pytest.importorskip("gevent")
+    waker = GeventWaker()
+    try:
+        signal = waker.signal()
+        waker.wake([signal])
+        waker.wake([signal])
+        gevent.sleep(0.01)   # the hub runs the callback while nobody waits on the signal
+        assert waker.callbacks >= 1
+        assert waker.wait(signal, timeout=0.01) is True
+        assert waker.wait(signal, timeout=0.01) is False   # one wakeup, however many wakes before it
+    finally:
+        waker.close()
