@@ -107,7 +107,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     counts = [int(x) for x in a.streams.split(",")]
     results = []
-    servers = [("rosefast", float(x)) for x in a.switch_interval_ms.split(",")] + ([] if a.no_bare else [("bare", None)])
+    servers = [("rosefast", float(x)) for x in a.switch_interval_ms.split(",")]
+    servers += [] if a.no_bare else [("bare", None)]
     for kind, switch_ms in servers:
         server = start(kind, a.step_ms, max(counts), switch_ms)
         try:

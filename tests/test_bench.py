@@ -83,16 +83,22 @@ def test_relative_schedule_stretches_the_interval(tiny_llama):
     assert "submit_lag" not in f
 
 
-def test_url_mode_against_gunicorn(tiny_llama, capsys):
-    server = Server(tiny_env(tiny_llama, max_inflight_requests=2))
+def run_against(env, capsys, *argv):
+    """The benchmark's --url mode against a test gunicorn with `env`; (figures, report), every HTTP line checked."""
+    server = Server(env)
     try:
-        f = streaming.main(["--url", server.url, "--num-requests", "10", "--max-new-tokens", "40",
-                            "--no-stop-on-eos", "--warmup-runs", "0", "--no-progress"])
+        f = streaming.main(["--url", server.url, *argv, "--no-stop-on-eos", "--warmup-runs", "0", "--no-progress"])
     finally:
         server.stop()
     text = capsys.readouterr().out
     for line in REPORT_LINES + ["Response headers:", "ITL (per SSE event"]:
         assert line in text, line
+    return f, text
+
+
+def test_url_mode_against_gunicorn(tiny_llama, capsys):
+    f, text = run_against(tiny_env(tiny_llama, max_inflight_requests=2), capsys, "--num-requests", "10",
+                          "--max-new-tokens", "40")
     for line in INPROCESS_LINES[1:4]:
         assert line not in text   # only the server knows those
     assert f["rejected"] >= 1 and f["errors"] == 0
@@ -100,15 +106,8 @@ def test_url_mode_against_gunicorn(tiny_llama, capsys):
 
 
 def test_url_mode_with_the_lean_client_against_the_stand_in(default_model, capsys):
-    server = Server({"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": 2, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 3})
-    try:
-        f = streaming.main(["--url", server.url, "--client", "raw", "--num-requests", "12", "--max-new-tokens", "20",
-                            "--no-stop-on-eos", "--warmup-runs", "0", "--no-progress"])
-    finally:
-        server.stop()
-    text = capsys.readouterr().out
-    for line in REPORT_LINES + ["Response headers:", "ITL (per SSE event"]:
-        assert line in text, line
+    env = {"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": 2, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 3}
+    f, _ = run_against(env, capsys, "--client", "raw", "--num-requests", "12", "--max-new-tokens", "20")
     assert f["rejected"] >= 1 and f["errors"] == 0 and f["completed"] + f["rejected"] == 12
     assert f["completion_tokens"] == 20 * f["completed"]
     assert 0 < f["events_per_token"] <= 1

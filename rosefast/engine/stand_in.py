@@ -15,7 +15,8 @@ from rosefast.models.args import load_model_args
 
 # Real tokens of the default model's vocabulary, multibyte characters (split across byte tokens) included.
 STAND_IN_TEXT = ("The quick brown fox jumps over the lazy dog. Café crème, naïve façade — 日本語のテキスト, "
-                 "emoji 🚀✨ and math ∑ x² ≤ ∞. Continuous batching keeps every stream moving.\n")
+                 "emoji 🚀✨ and math ∑ x² ≤ ∞. "
+                 "Continuous batching keeps every stream moving.\n")
 
 
 def stand_in_tokens(tokenizer):
