@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= What is continuous batching in LLM serving?
 
-.PHONY: install build test bench generate serve
+.PHONY: install build test bench generate serve serve-replicas
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -43,3 +43,9 @@ generate: install
 # (127.0.0.1:8000; GUNICORN_CMD_ARGS="--bind 0.0.0.0:8000" to change) and ROSEFAST_* variables.
 serve: build
 	$(BIN)/gunicorn -k gevent server:app
+
+# N replicas of the server on 127.0.0.1:8001.. behind nginx on 127.0.0.1:8000 (deploy/nginx.conf.in; nginx
+# comes from the system's packages, installed when missing and we are root): make serve-replicas N=2
+N ?= 2
+serve-replicas: build
+	$(BIN)/python deploy/replicas.py --replicas $(N)
