@@ -104,3 +104,101 @@ def test_a_killed_replica_is_passed_over(tiny_llama):
             nginx.stop()
         for s in servers:
             s.stop()
+
+
+def stand_in_replicas(n, step_ms, inflight=4):
+    return [Server({"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": step_ms,
+                    "ROSEFAST_MAX_INFLIGHT_REQUESTS": inflight}) for _ in range(n)]
+
+
+async def timed_stream(url, tokens, delay=0.0):
+    """(status, arrival time of each SSE event with text, ended with [DONE], error if the stream broke)."""
+    import time
+
+    await asyncio.sleep(delay)
+    body = {"prompt": "Once upon a time", "max_tokens": tokens, "stream": True, "ignore_eos": True}
+    times, done, error = [], False, None
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: {") and json.loads(line[6:])["choices"]:
+                        times.append(time.monotonic())
+                return r.status_code, times, done, None
+    except httpx.HTTPError as e:
+        error = e
+    return None, times, done, error
+
+
+def test_a_draining_replica_finishes_its_streams_while_new_requests_go_to_the_other(default_model):
+    servers = stand_in_replicas(2, step_ms=20)
+    nginx = None
+    try:
+        nginx = Nginx(free_port(), [s.port for s in servers])
+
+        async def run():
+            own = asyncio.create_task(timed_stream(servers[0].url, 150))   # ~3 s on the first replica
+            await asyncio.sleep(0.5)
+            os.kill(servers[0].proc.pid, signal.SIGTERM)   # gunicorn's master: the worker drains
+            await asyncio.sleep(0.3)
+            health = httpx.get(servers[0].url + "/health", timeout=5).status_code
+            new = await asyncio.gather(*(timed_stream(nginx.url, 20) for _ in range(4)))
+            return await own, health, new
+
+        own, health, new = asyncio.run(run())
+        assert health == 503                                  # draining: nginx passes it over
+        assert own[0] == 200 and own[2] and len(own[1]) >= 100   # its stream ran to [DONE]
+        assert [(status, done) for status, _, done, _ in new] == [(200, True)] * 4
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        for s in servers:
+            s.stop()
+
+
+def test_a_stream_on_a_killed_replica_is_cut_not_hung(default_model):
+    servers = stand_in_replicas(2, step_ms=20)
+    nginx = None
+    try:
+        nginx = Nginx(free_port(), [s.port for s in servers])
+
+        async def run():
+            streams = [asyncio.create_task(timed_stream(nginx.url, 500)) for _ in range(2)]   # one on each
+            await asyncio.sleep(1.0)
+            os.killpg(servers[0].proc.pid, signal.SIGKILL)
+            return await asyncio.wait_for(asyncio.gather(*streams), 30)   # a hang guard
+
+        results = asyncio.run(run())
+        cut = [r for r in results if not r[2]]
+        whole = [r for r in results if r[2]]
+        # the client of the killed replica sees its stream end early: no [DONE], a broken chunked body
+        assert len(cut) == 1 and len(whole) == 1
+        assert cut[0][3] is not None and 0 < len(cut[0][1]) < 500
+        after = asyncio.run(timed_stream(nginx.url, 10))
+        assert after[0] == 200 and after[2]                  # new requests go to the survivor
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        for s in servers:
+            s.stop()
+
+
+def test_streams_through_nginx_are_not_buffered(default_model):
+    """Events arrive one engine step apart, not in bursts: over a 60-step stream (100 ms steps) they reach
+    the client spread over its whole length."""
+    servers = stand_in_replicas(1, step_ms=100)
+    nginx = None
+    try:
+        nginx = Nginx(free_port(), [s.port for s in servers])
+        status, times, done, _ = asyncio.run(timed_stream(nginx.url, 60))
+        assert status == 200 and done and len(times) >= 40   # (multibyte characters: some tokens add no text)
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        # buffered, the events would come in a few bursts: most gaps ~0 and the stream's length in a few
+        assert gaps[len(gaps) // 2] > 0.05
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        for s in servers:
+            s.stop()
