@@ -28,7 +28,7 @@ def nginx_binary():
 def replicas(tiny_llama):
     servers, nginx = [], None
     try:
-        servers = [Server(tiny_env(tiny_llama, max_inflight_requests=2)) for _ in range(2)]
+        servers = start_servers([tiny_env(tiny_llama, max_inflight_requests=2)] * 2)
         nginx = Nginx(free_port(), [s.port for s in servers])
         yield servers, nginx
     finally:
@@ -89,26 +89,23 @@ def test_the_client_gets_a_429_only_when_every_replica_is_full(replicas):
             assert completed(data)
 
 
-def test_a_killed_replica_is_passed_over(tiny_llama):
-    servers = [Server(tiny_env(tiny_llama, max_inflight_requests=2)) for _ in range(2)]
-    nginx = None
-    try:
-        nginx = Nginx(free_port(), [s.port for s in servers])
-        os.killpg(servers[0].proc.pid, signal.SIGKILL)
-        servers[0].proc.wait(10)
-        results = asyncio.run(burst(nginx.url, 2))   # both on the survivor (its limit is 2)
-        assert [status for status, _, _ in results] == [200, 200]
-        assert all(completed(data) for _, _, data in results)
-    finally:
-        if nginx is not None:
-            nginx.stop()
+def start_servers(envs):
+    """Servers started side by side (each waits for its model); all or none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(envs)) as pool:
+        futures = [pool.submit(Server, env) for env in envs]
+    servers = [f.result() for f in futures if f.exception() is None]
+    if len(servers) < len(envs):
         for s in servers:
             s.stop()
+        raise next(f.exception() for f in futures if f.exception() is not None)
+    return servers
 
 
 def stand_in_replicas(n, step_ms, inflight=4):
-    return [Server({"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": step_ms,
-                    "ROSEFAST_MAX_INFLIGHT_REQUESTS": inflight}) for _ in range(n)]
+    return start_servers([{"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": step_ms,
+                           "ROSEFAST_MAX_INFLIGHT_REQUESTS": inflight}] * n)
 
 
 async def timed_stream(url, tokens, delay=0.0):
@@ -165,7 +162,7 @@ def test_a_stream_on_a_killed_replica_is_cut_not_hung(default_model):
         nginx = Nginx(free_port(), [s.port for s in servers])
 
         async def run():
-            streams = [asyncio.create_task(timed_stream(nginx.url, 500)) for _ in range(2)]   # one on each
+            streams = [asyncio.create_task(timed_stream(nginx.url, 120)) for _ in range(2)]   # one on each
             await asyncio.sleep(1.0)
             os.killpg(servers[0].proc.pid, signal.SIGKILL)
             return await asyncio.wait_for(asyncio.gather(*streams), 30)   # a hang guard
@@ -175,7 +172,7 @@ def test_a_stream_on_a_killed_replica_is_cut_not_hung(default_model):
         whole = [r for r in results if r[2]]
         # the client of the killed replica sees its stream end early: no [DONE], a broken chunked body
         assert len(cut) == 1 and len(whole) == 1
-        assert cut[0][3] is not None and 0 < len(cut[0][1]) < 500
+        assert cut[0][3] is not None and 0 < len(cut[0][1]) < 120
         after = asyncio.run(timed_stream(nginx.url, 10))
         assert after[0] == 200 and after[2]                  # new requests go to the survivor
     finally:
@@ -186,14 +183,14 @@ def test_a_stream_on_a_killed_replica_is_cut_not_hung(default_model):
 
 
 def test_streams_through_nginx_are_not_buffered(default_model):
-    """Events arrive one engine step apart, not in bursts: over a 60-step stream (100 ms steps) they reach
+    """Events arrive one engine step apart, not in bursts: over a 50-step stream (80 ms steps) they reach
     the client spread over its whole length."""
-    servers = stand_in_replicas(1, step_ms=100)
+    servers = stand_in_replicas(1, step_ms=80)
     nginx = None
     try:
         nginx = Nginx(free_port(), [s.port for s in servers])
-        status, times, done, _ = asyncio.run(timed_stream(nginx.url, 60))
-        assert status == 200 and done and len(times) >= 40   # (multibyte characters: some tokens add no text)
+        status, times, done, _ = asyncio.run(timed_stream(nginx.url, 50))
+        assert status == 200 and done and len(times) >= 35   # (multibyte characters: some tokens add no text)
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
         # buffered, the events would come in a few bursts: most gaps ~0 and the stream's length in a few
         assert gaps[len(gaps) // 2] > 0.05
