@@ -1,6 +1,7 @@
 """Two tiny-model replicas behind nginx (deploy/nginx.conf.in): a full replica's overflow spills to the
 other, the client sees a 429 only when both are full, and a dead replica is passed over — never a 5xx."""
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -26,16 +27,8 @@ def nginx_binary():
 
 @pytest.fixture(scope="module")
 def replicas(tiny_llama):
-    servers, nginx = [], None
-    try:
-        servers = start_servers([tiny_env(tiny_llama, max_inflight_requests=2)] * 2)
-        nginx = Nginx(free_port(), [s.port for s in servers])
-        yield servers, nginx
-    finally:
-        if nginx is not None:
-            nginx.stop()
-        for s in servers:
-            s.stop()
+    with behind_nginx([tiny_env(tiny_llama, max_inflight_requests=2)] * 2) as pair:
+        yield pair
 
 
 async def stream(url, delay=0.0):
@@ -104,8 +97,23 @@ def start_servers(envs):
 
 
 def stand_in_replicas(n, step_ms, inflight=4):
-    return start_servers([{"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": step_ms,
-                           "ROSEFAST_MAX_INFLIGHT_REQUESTS": inflight}] * n)
+    return behind_nginx([{"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": step_ms,
+                          "ROSEFAST_MAX_INFLIGHT_REQUESTS": inflight}] * n)
+
+
+@contextlib.contextmanager
+def behind_nginx(envs):
+    """(a replica per environment, nginx in front of them), all stopped afterwards."""
+    servers = start_servers(envs)
+    nginx = None
+    try:
+        nginx = Nginx(free_port(), [s.port for s in servers])
+        yield servers, nginx
+    finally:
+        if nginx is not None:
+            nginx.stop()
+        for s in servers:
+            s.stop()
 
 
 async def timed_stream(url, tokens, delay=0.0):
@@ -130,11 +138,7 @@ async def timed_stream(url, tokens, delay=0.0):
 
 
 def test_a_draining_replica_finishes_its_streams_while_new_requests_go_to_the_other(default_model):
-    servers = stand_in_replicas(2, step_ms=20)
-    nginx = None
-    try:
-        nginx = Nginx(free_port(), [s.port for s in servers])
-
+    with stand_in_replicas(2, step_ms=20) as (servers, nginx):
         async def run():
             own = asyncio.create_task(timed_stream(servers[0].url, 150))   # ~3 s on the first replica
             await asyncio.sleep(0.5)
@@ -148,19 +152,10 @@ def test_a_draining_replica_finishes_its_streams_while_new_requests_go_to_the_ot
         assert health == 503                                  # draining: nginx passes it over
         assert own[0] == 200 and own[2] and len(own[1]) >= 100   # its stream ran to [DONE]
         assert [(status, done) for status, _, done, _ in new] == [(200, True)] * 4
-    finally:
-        if nginx is not None:
-            nginx.stop()
-        for s in servers:
-            s.stop()
 
 
 def test_a_stream_on_a_killed_replica_is_cut_not_hung(default_model):
-    servers = stand_in_replicas(2, step_ms=20)
-    nginx = None
-    try:
-        nginx = Nginx(free_port(), [s.port for s in servers])
-
+    with stand_in_replicas(2, step_ms=20) as (servers, nginx):
         async def run():
             streams = [asyncio.create_task(timed_stream(nginx.url, 120)) for _ in range(2)]   # one on each
             await asyncio.sleep(1.0)
@@ -175,30 +170,17 @@ def test_a_stream_on_a_killed_replica_is_cut_not_hung(default_model):
         assert cut[0][3] is not None and 0 < len(cut[0][1]) < 120
         after = asyncio.run(timed_stream(nginx.url, 10))
         assert after[0] == 200 and after[2]                  # new requests go to the survivor
-    finally:
-        if nginx is not None:
-            nginx.stop()
-        for s in servers:
-            s.stop()
 
 
 def test_streams_through_nginx_are_not_buffered(default_model):
     """Events arrive one engine step apart, not in bursts: over a 50-step stream (80 ms steps) they reach
     the client spread over its whole length."""
-    servers = stand_in_replicas(1, step_ms=80)
-    nginx = None
-    try:
-        nginx = Nginx(free_port(), [s.port for s in servers])
+    with stand_in_replicas(1, step_ms=80) as (_, nginx):
         status, times, done, _ = asyncio.run(timed_stream(nginx.url, 50))
         assert status == 200 and done and len(times) >= 35   # (multibyte characters: some tokens add no text)
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
         # buffered, the events would come in a few bursts: most gaps ~0 and the stream's length in a few
         assert gaps[len(gaps) // 2] > 0.05
-    finally:
-        if nginx is not None:
-            nginx.stop()
-        for s in servers:
-            s.stop()
 
 
 def test_the_overhead_benchmark_runs(default_model, capsys):
