@@ -9,26 +9,8 @@ import openai
 import pytest
 import requests
 
-from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
-from tests.serving import Server, tiny_env
-
-
-@pytest.fixture(scope="module")
-def server(tiny_llama):
-    s = Server(tiny_env(tiny_llama, max_inflight_requests=0))
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def offline(tiny_llama):
-    return LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=16384)
+from tests.serving import Server, client, offline, server, tiny_env  # noqa: F401 - the shared fixtures
 
 
 def test_completion_streamed_and_not(client, offline):
