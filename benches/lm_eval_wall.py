@@ -19,7 +19,7 @@ SUBJECTS = ["The sun", "A river", "The old library", "My neighbour's cat", "The 
             "The market", "An orchestra", "The mountain path", "A winter storm"]
 ENDINGS = [" rises in the east.", " was closed for the holidays.", " sang until midnight.", " froze overnight."]
 
-TASK = """task: rf_wall
+MC_TASK = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -37,13 +37,18 @@ metric_list:
 """
 
 
+def mc_task(name, path):
+    """An lm-eval multiple-choice task over a local JSONL file of {question, choices, answer} documents."""
+    return MC_TASK.format(name=name, path=path)
+
+
 def write_task(folder, docs):
     data = folder / "docs.jsonl"
     with open(data, "w") as f:
         for i in range(docs):
             subject = f"{SUBJECTS[i % len(SUBJECTS)]} ({i})"
             f.write(json.dumps({"question": subject, "choices": ENDINGS, "answer": i % 4}) + "\n")
-    (folder / "rf_wall.yaml").write_text(TASK.format(path=data))
+    (folder / "rf_wall.yaml").write_text(mc_task("rf_wall", data))
 
 
 def start_server(port, dtype):

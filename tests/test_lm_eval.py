@@ -8,29 +8,14 @@ import pytest
 
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
+from benches.lm_eval_wall import mc_task
 from tests.serving import Server, tiny_env
 
 lm_eval = pytest.importorskip("lm_eval")
 
 QUESTIONS = ["The capital of France is", "Two plus two equals", "The color of the sky is"]
-TASKS = {
-    "rf_mc": """task: rf_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {dir}/mc.jsonl
-test_split: test
-output_type: multiple_choice
-target_delimiter: ""
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-""",
-    "rf_gen": """task: rf_gen
+TASKS = ["rf_mc", "rf_gen"]   # rf_mc: benches.lm_eval_wall.mc_task
+GEN_TASK = """task: rf_gen
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -48,8 +33,7 @@ metric_list:
   - metric: exact_match
     aggregation: mean
     higher_is_better: true
-""",
-}
+"""
 
 
 @pytest.fixture
@@ -63,8 +47,8 @@ def task_dir(tmp_path, tiny_llama):
     with open(tmp_path / "gen.jsonl", "w") as f:
         for q in ("Q: Say hello.\nA:", "Q: Count to three.\nA:"):
             f.write(json.dumps({"question": q, "answer": " hello"}) + "\n")
-    for name, text in TASKS.items():
-        (tmp_path / f"{name}.yaml").write_text(text.format(dir=tmp_path))
+    (tmp_path / "rf_mc.yaml").write_text(mc_task("rf_mc", tmp_path / "mc.jsonl"))
+    (tmp_path / "rf_gen.yaml").write_text(GEN_TASK.format(dir=tmp_path))
     return tmp_path
 
 
@@ -81,13 +65,13 @@ def test_local_completions_equals_the_hf_backend(task_dir, tiny_llama, monkeypat
     server = Server(tiny_env(tiny_llama))
     try:
         served = lm_eval.simple_evaluate(
-            model="local-completions", tasks=list(TASKS), task_manager=tasks, log_samples=True,
+            model="local-completions", tasks=TASKS, task_manager=tasks, log_samples=True,
             model_args=f"base_url={server.url}/v1/completions,model=tiny,tokenizer={tiny_llama.path},"
                        "tokenizer_backend=huggingface,tokenized_requests=True,num_concurrent=2,max_retries=1")
     finally:
         server.stop()
     local = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={tiny_llama.path},dtype=float32,device=cpu",
-                                    tasks=list(TASKS), task_manager=tasks, log_samples=True, batch_size=1)
+                                    tasks=TASKS, task_manager=tasks, log_samples=True, batch_size=1)
     ours, theirs = responses(served, "rf_mc"), responses(local, "rf_mc")
     assert len(ours) == len(QUESTIONS)
     flags = []

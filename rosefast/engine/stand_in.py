@@ -50,7 +50,7 @@ class _StandInKV:
     fraction, at bf16); no memory behind them."""
 
     def __init__(self, num_blocks):
-        self.num_blocks, self.scratch_block, self.layers = num_blocks, num_blocks, ()
+        self.num_blocks = num_blocks
 
     def copy_block(self, src, dst):
         pass
