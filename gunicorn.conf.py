@@ -1,5 +1,6 @@
 # gunicorn settings for rosefast: `gunicorn -k gevent server:app` reads this file from the working directory.
-# One worker = one engine = one model copy; more throughput means more replicas behind a load balancer.
+# One worker = one engine = one model copy; more throughput means more replicas behind a load balancer, or on
+# a multi-GPU host one worker per GPU: `ROSEFAST_DEVICE='cuda:{worker}' gunicorn -k gevent -w 4 server:app`.
 bind = "127.0.0.1:8000"
 worker_class = "gevent"
 workers = 1
@@ -11,6 +12,22 @@ preload_app = False         # the model and its threads are made in the worker, 
 accesslog = None            # rosefast logs its own access line per request (rosefast.access)
 loglevel = "info"
 control_socket_disable = True   # one fixed socket path per user would clash between several servers
+
+
+def pre_fork(server, worker):
+    """Number the worker about to be forked with the lowest index no live worker holds (0..N-1): a worker that
+    dies is replaced by one with its index, so `{worker}` in ROSEFAST_DEVICE keeps one worker per GPU."""
+    taken = {getattr(w, "rosefast_index", None) for w in server.WORKERS.values()}
+    worker.rosefast_index = next(i for i in range(len(taken) + 1) if i not in taken)
+
+
+def post_fork(server, worker):
+    """In the new worker, before the app is built: its index for ServerConfig (ROSEFAST_WORKER_INDEX). An index
+    given to gunicorn itself is the first worker's (deploy/replicas.py gives replica i the index i)."""
+    import os
+
+    first = int(os.environ.get("ROSEFAST_WORKER_INDEX") or 0)
+    os.environ["ROSEFAST_WORKER_INDEX"] = str(first + worker.rosefast_index)
 
 
 def post_worker_init(worker):

@@ -110,8 +110,9 @@ def main(argv=None):
     ports = [a.first_port + i for i in range(a.replicas)]
     replicas = []
     try:
-        for port in ports:   # one at a time: two model loads at once only slow each other on a small machine
-            replicas.append(Server({}, port=port, startup_timeout=600))
+        for i, port in enumerate(ports):   # one at a time: two loads at once only slow each other on a small machine
+            # replica i is worker i: with ROSEFAST_DEVICE='cuda:{worker}' each replica has its own GPU
+            replicas.append(Server({"ROSEFAST_WORKER_INDEX": i}, port=port, startup_timeout=600))
             print(f"replica on 127.0.0.1:{port} is up", file=sys.stderr)
         nginx = Nginx(a.port, ports)
         print(f"nginx on {nginx.url} -> {', '.join(map(str, ports))} (Ctrl-C stops)", file=sys.stderr)

@@ -38,7 +38,8 @@ class EngineConfig:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+        if not (self.device in ("auto", "cpu", "cuda") or
+                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
 
     @classmethod

@@ -21,6 +21,8 @@ class ServerConfig(EngineConfig):
     # the serving core
     max_inflight_requests: int = 256     # past this, 429 at once (0: unlimited)
     tokenize_workers: int = 2            # native threads encoding prompts off the request path
+    worker_index: int = 0                # this worker's number, 0..N-1 (set per worker by gunicorn.conf.py, per
+                                         # replica by deploy/replicas.py); "{worker}" in ROSEFAST_DEVICE becomes it
     # the HTTP layer
     served_model_name: str = ""          # the name in /v1/models and responses (default: the model spec)
     max_body_bytes: int = 1 << 20        # larger request bodies get 413
@@ -72,12 +74,14 @@ def server_config_from_env(environ=None):
         raw = environ.get(PREFIX + f.name.upper())
         if raw is not None:
             values[f.name] = _parse(f, raw)
+    if "{worker}" in values.get("device", ""):   # one GPU per worker: ROSEFAST_DEVICE=cuda:{worker}
+        values["device"] = values["device"].replace("{worker}", str(values.get("worker_index", 0)))
     try:
         config = ServerConfig(**values)
     except ValueError as e:   # EngineConfig's checks name the field first
         field = str(e).split(" ", 1)[0]
         raise ConfigError(f"{PREFIX}{field.upper()}: {e}") from None
-    for name in ("max_inflight_requests", "tokenize_workers", "max_body_bytes", "max_tokens_cap",
+    for name in ("max_inflight_requests", "tokenize_workers", "worker_index", "max_body_bytes", "max_tokens_cap",
                  "default_max_tokens", "retry_after_seconds"):
         value = getattr(config, name)
         low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens") else 0

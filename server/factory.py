@@ -2,6 +2,7 @@
 import atexit
 import hmac
 import logging
+import os
 import sys
 import time
 
@@ -61,6 +62,8 @@ class State:
         """Start the manager; the model loads on its engine thread while the app already answers /health."""
         gevent = _gevent_patched()
         c = self.config
+        log.info("worker %d (pid %d): device %s, max %d requests in flight", c.worker_index, os.getpid(), c.device,
+                 c.max_inflight_requests)
         if gevent:   # how soon the engine thread's Python work yields the GIL to the hub (see ServerConfig)
             sys.setswitchinterval(c.switch_interval_ms / 1000.0)
         self.manager = SchedulerManager(c.engine_config(), max_inflight_requests=c.max_inflight_requests or None,

@@ -52,7 +52,7 @@ def health():
         return json_response({"status": "loading"}, 503)
     if state.draining:
         return json_response({"status": "draining"}, 503)
-    return json_response({"status": "ok"})
+    return json_response({"status": "ok", "worker": state.config.worker_index})
 
 
 @bp.get("/v1/models")

@@ -18,7 +18,17 @@ def resolve_device(name):
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA "
+                         f"device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
     return device
+
+
+def use_device(device):
+    """Make `device` the calling thread's current CUDA device (torch's current device is per thread), so
+    graph capture, the graph pool, streams and synchronize act on it and not on cuda:0."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def resolve_dtype(name, device):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rosefast.engine.device import resolve_device, resolve_dtype
+from rosefast.engine.device import resolve_device, resolve_dtype, use_device
 from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampler import Sampler
 from rosefast.models._kernels_py import GatherWorkspace
@@ -28,6 +28,7 @@ class ModelRunner:
     def __init__(self, config, model=None):
         self.config = config
         self.device = resolve_device(config.device)
+        use_device(self.device)   # this is the engine thread: every later step runs on it too
         self.dtype = resolve_dtype(config.dtype, self.device)
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
