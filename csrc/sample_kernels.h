@@ -249,4 +249,26 @@ RF_DEFINE_SAMPLE(rf_sample_bf16, uint16_t, rf_load_max_bf16)
 RF_DEFINE_ARGMAX(rf_argmax_f32, float, rf_f32_load)
 RF_DEFINE_ARGMAX(rf_argmax_bf16, uint16_t, rf_bf16_load)
 
+/* Structured output: -inf in fp32 logits x [*, V] wherever a row's allowed-token bitmask has a 0 bit (bit j
+ * of int32 word w allows token 32 w + j); rows[r] is the logits row of bitmask row r. A word of all ones
+ * (most of them, for a loose grammar) is skipped; tokens past the bitmask's W x 32 are disallowed. */
+RF_SIMD_CLONES
+static void rf_mask_f32(float *x, int64_t V, const int64_t *rows, int64_t R, const int32_t *bitmask, int64_t W) {
+    const int64_t full = (V / 32 < W ? V / 32 : W);   /* words whose 32 tokens are all in the vocabulary */
+    _Pragma("omp parallel for schedule(static) if (R > 1 && R * V >= RF_PARALLEL_MIN)")
+    for (int64_t r = 0; r < R; r++) {
+        float *row = x + rows[r] * V;
+        const uint32_t *words = (const uint32_t *)(bitmask + r * W);
+        for (int64_t w = 0; w < full; w++) {
+            uint32_t m = words[w];
+            float *p = row + w * 32;
+            if (m == 0xFFFFFFFFu) continue;
+            for (int j = 0; j < 32; j++)   /* branch-free: the compiler vectorizes the select */
+                p[j] = ((m >> j) & 1u) ? p[j] : -INFINITY;
+        }
+        for (int64_t t = full * 32; t < V; t++)
+            if (t >= W * 32 || !((words[t >> 5] >> (t & 31)) & 1u)) row[t] = -INFINITY;
+    }
+}
+
 #endif

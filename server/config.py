@@ -34,6 +34,7 @@ class ServerConfig(EngineConfig):
     switch_interval_ms: float = 5.0      # the GIL switch interval in the worker (Python's default): 0.5 forced
                                          # the hub and the engine thread to trade the GIL 10x as often, for
                                          # no better 429 latency and ~10% less throughput (README)
+    grammar_timeout_s: float = 10.0      # structured output: a grammar that takes longer to compile is a 400
     generation_config: str = "model"     # model: the model's generation defaults fill what a request omits; none
     # fault injection, for reliability tests and drills (off by default)
     fault_steps: str = ""                # engine steps (comma-separated numbers) that raise
@@ -89,6 +90,8 @@ def server_config_from_env(environ=None):
             raise ConfigError(f"{PREFIX}{name.upper()}={value} must be >= {low}")
     if not 0.05 <= config.switch_interval_ms <= 100:
         raise ConfigError(f"{PREFIX}SWITCH_INTERVAL_MS={config.switch_interval_ms} must be in [0.05, 100]")
+    if not 0.01 <= config.grammar_timeout_s <= 600:
+        raise ConfigError(f"{PREFIX}GRAMMAR_TIMEOUT_S={config.grammar_timeout_s} must be in [0.01, 600]")
     if config.generation_config not in ("model", "none"):
         raise ConfigError(f"{PREFIX}GENERATION_CONFIG={config.generation_config!r} must be model or none")
     try:

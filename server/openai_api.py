@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 from rosefast.engine.sampling import SamplingParams
 from server.errors import bad_request
+from server.structured import FIELDS as STRUCTURED
 
 # what the batched sampler takes: OpenAI's names, and vLLM's extras (sent in the openai client's extra_body)
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -12,8 +13,8 @@ SAMPLING = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequ
 IGNORED = {"user", "metadata", "store", "service_tier"}
 COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "ignore_eos", "n", "include_stop_str_in_output",
           "max_completion_tokens", "logprobs"} | SAMPLING | IGNORED
-COMPLETION = COMMON | {"prompt", "echo", "best_of", "suffix"}
-CHAT = COMMON | {"messages", "top_logprobs", "parallel_tool_calls"}
+COMPLETION = COMMON | STRUCTURED | {"prompt", "echo", "best_of", "suffix"}
+CHAT = COMMON | STRUCTURED | {"messages", "top_logprobs", "parallel_tool_calls"}
 MAX_N = 16
 MAX_PROMPTS = 64
 MAX_LOGPROBS = 20
@@ -98,9 +99,10 @@ def request_options(body, chat):
                    continuous_usage=opts.get("continuous_usage_stats", False))
 
 
-def sampling_params(body, config, context_len, options, defaults=None):
+def sampling_params(body, config, context_len, options, defaults=None, grammar=None):
     """SamplingParams from the request, with the server's caps; the fields it leaves out (or sends as null)
-    from `defaults` (the model's generation defaults), else SamplingParams'; raises APIError naming the field."""
+    from `defaults` (the model's generation defaults), else SamplingParams'; `grammar`: the compiled grammar
+    the tokens must follow (server.structured). Raises APIError naming the field."""
     defaults = defaults or {}
     cap = min(config.max_tokens_cap, context_len - 1)
     name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -152,6 +154,7 @@ def sampling_params(body, config, context_len, options, defaults=None):
             include_stop_str_in_output=bool(body.get("include_stop_str_in_output", False)),
             logprobs=options.logprobs,
             prompt_logprobs=options.logprobs if options.echo else None,
+            grammar=grammar,
         )
     except ValueError as e:   # SamplingParams names the field first
         raise bad_request(f"'{str(e).split(' ', 1)[0]}' {str(e).split(' ', 1)[1]}", param_of(e)) from None

@@ -8,7 +8,7 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from rosefast.errors import NotReadyError, ShutdownError
-from server import disconnect, openai_api, sse
+from server import disconnect, openai_api, sse, structured
 from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request, json_response
 from server.responses import Run
 from server.shapes import Shapes
@@ -98,8 +98,10 @@ def _serve(chat):
         prompts = [_chat_prompt(manager, openai_api.chat_messages(body))]
     else:
         prompts = openai_api.completion_prompts(body)
+    wanted = structured.requested_grammar(body)
+    grammar = structured.compile_grammar(state, *wanted) if wanted is not None else None
     params = openai_api.sampling_params(body, state.config, manager.engine.max_model_len, options,
-                                        state.generation_defaults)
+                                        state.generation_defaults, grammar)
     try:
         if len(prompts) == 1:
             one = prompts[0]

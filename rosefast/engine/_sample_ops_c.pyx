@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The sampler's per-row ops as C kernels (csrc/sample_kernels.h) on fp32 and bf16 CPU tensors; twin:
 _sample_ops_py. The GIL is released around each kernel."""
-from libc.stdint cimport int64_t, uint16_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uintptr_t
 
 import torch
 
@@ -14,10 +14,12 @@ cdef extern from "sample_kernels.h" nogil:
                        const int64_t *top_k, const float *top_p, const float *min_p, const float *u, int64_t *out)
     void rf_argmax_f32(const float *logits, int64_t S, int64_t V, int64_t *out)
     void rf_argmax_bf16(const uint16_t *logits, int64_t S, int64_t V, int64_t *out)
+    void rf_mask_f32(float *x, int64_t V, const int64_t *rows, int64_t R, const int32_t *bitmask, int64_t W)
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
 cdef object I64 = torch.int64
+cdef object I32 = torch.int32
 
 
 cdef inline bint _check(logits) except -1:
@@ -73,3 +75,19 @@ def sample(logits, temperature, top_k, top_p, min_p, u):
     if rc != 0:
         raise MemoryError("sample: no memory for the per-thread row buffers")
     return out
+
+
+def mask(x, rows, bitmask):
+    """In place on fp32 logits x [B, V]: -inf where row rows[r]'s bitmask [R, W] (int32; bit j of word w is
+    token 32 w + j) has a 0 bit, and past W x 32 tokens."""
+    if x.dtype is not F32 or not x.is_cpu or x.dim() != 2 or not x.is_contiguous():
+        raise ValueError(f"mask: expected contiguous fp32 [B, V] CPU logits, got {x.dtype} {tuple(x.shape)}")
+    r = rows.to(I64).contiguous()
+    b = bitmask.to(I32).contiguous()
+    cdef int64_t V = x.shape[1], R = r.numel(), W = b.shape[1]
+    if b.dim() != 2 or b.shape[0] != R or R and (int(r.min()) < 0 or int(r.max()) >= x.shape[0]):
+        raise ValueError(f"mask: {R} rows of {x.shape[0]} and a bitmask of {tuple(b.shape)} do not fit")
+    cdef uintptr_t px = <uintptr_t>x.data_ptr(), pr = <uintptr_t>r.data_ptr(), pb = <uintptr_t>b.data_ptr()
+    with nogil:
+        rf_mask_f32(<float *>px, V, <int64_t *>pr, R, <int32_t *>pb, W)
+    return x

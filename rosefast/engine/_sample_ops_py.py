@@ -19,6 +19,20 @@ def argmax(logits):
     return logits.argmax(dim=-1)
 
 
+def mask(x, rows, bitmask):
+    """In place on fp32 logits x [B, V]: -inf where row rows[r]'s bitmask [R, W] (int32; bit j of word w is
+    token 32 w + j) has a 0 bit, and past W x 32 tokens."""
+    R, W = bitmask.shape
+    V = x.shape[1]
+    bits = (bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32, device=bitmask.device)) & 1   # [R, W, 32]
+    allowed = bits.reshape(R, W * 32)[:, :V] != 0
+    if W * 32 < V:
+        allowed = torch.cat((allowed, allowed.new_zeros(R, V - W * 32)), dim=1)
+    xr = x.index_select(0, rows)
+    x.index_copy_(0, rows, xr.masked_fill_(~allowed, _NEG_INF))
+    return x
+
+
 def sample(logits, temperature, top_k, top_p, min_p, u):
     """One token per row of logits [S, V] (not modified): per-row lists temperature (> 0), top_k (0: all),
     top_p, min_p; u an [S] float32 tensor of uniforms in (0, 1] on the logits' device. Temperature, top_k,

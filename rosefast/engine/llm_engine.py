@@ -4,6 +4,8 @@ import random
 import logging
 from dataclasses import dataclass, field
 
+import torch
+
 from rosefast.config import EngineConfig
 from rosefast.engine.block_manager import BlockManager
 from rosefast.engine.model_runner import ModelRunner, SeqInput
@@ -59,6 +61,9 @@ class LLMEngine:
         self._seeds = random.Random(self.config.seed)   # the seed of each request that brings none
         self.forks = 0   # choices forked from another's prefill
         self._tokenizer = None
+        self._grammars = None
+        self._masks = None   # GrammarMasks, made with the first constrained request
+        self._refused = []   # (request id, why) of constrained sequences whose matcher refused a token this step
         self.steps = 0
 
     @property
@@ -68,6 +73,15 @@ class LLMEngine:
 
             self._tokenizer = load_tokenizer(self.model)
         return self._tokenizer
+
+    @property
+    def grammars(self):
+        """Structured output's grammar compiler and cache for this model's tokenizer (compile from any thread)."""
+        if self._grammars is None:
+            from rosefast.engine.grammar import Grammars
+
+            self._grammars = Grammars(self.tokenizer, self.args.vocab_size, self.args.eos_token_ids)
+        return self._grammars
 
     # -- requests ------------------------------------------------------------------------------------
 
@@ -97,6 +111,8 @@ class LLMEngine:
             raise ValueError(f"logit_bias keys must be token ids in [0, {vocab})")
         if not all(t < vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids in [0, {vocab})")
+        if params.grammar is not None and self.model.source == STAND_IN:
+            raise ValueError("grammar: structured output needs a model; the stand-in engine emits a fixed text")
 
     def add_request(self, prompt_token_ids, params=None, request_id=None, fork_ids=()):
         """Queue a request; its id. With `fork_ids`, the ids of n - 1 more choices of the same prompt: they are
@@ -154,6 +170,11 @@ class LLMEngine:
             if self._before_step is not None:
                 self._before_step(self.steps, [s.request_id for s in scheduled])
             outputs += self._run(step)
+            if self._refused:   # a constrained sequence its grammar gave up on: failed alone, the rest go on
+                from rosefast.engine.grammar import GrammarError
+
+                refused, self._refused = self._refused, []
+                return StepResult(outputs, [rid for rid, _ in refused], GrammarError(f"grammar: {refused[0][1]}"))
             return StepResult(outputs)
         except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the rest
             log.error("engine step %d failed: %r", self.steps, e, exc_info=True)
@@ -170,6 +191,7 @@ class LLMEngine:
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
             else range(len(step.seqs))   # every decoding sequence samples
         full = {i for i, s in enumerate(step.seqs) if s.wants_prompt_logprobs} if step.is_prefill else None
+        masks = self._start_masks([step.seqs[i] for i in sampling])   # filled while the model runs
         logits = self.runner.forward(inputs, step.is_prefill, all_logits=full)
         if full:
             logits = self._prompt_logprobs(step, full, logits)
@@ -189,12 +211,17 @@ class LLMEngine:
                 seqs += children
         if len(rows) > len(sampling):
             logits = logits[rows]
-        sampled = self.runner.sampler(logits, seqs)
+        allowed = self._allowed(masks, rows) if masks is not None else None
+        sampled = self.runner.sampler(logits, seqs, allowed)
         outputs = []
         logprobs = sampled.logprobs or [None] * len(seqs)
         for seq, token, lp in zip(seqs, sampled.token_ids, logprobs):
             seq.token_ids.append(token)
             reason = self._finish_reason(seq, token)
+            if seq.matcher is not None and reason is None:
+                reason = self._advance(seq, token)
+                if reason == "refused":
+                    continue
             if reason is not None:
                 self._end(seq, reason)
             if len(seq.token_ids) - seq.num_prompt_tokens == 1:   # its first token
@@ -204,6 +231,37 @@ class LLMEngine:
                 outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, None,
                                           None if lp is None else [lp]))
         return outputs
+
+    def _start_masks(self, seqs):
+        if not any(s.matcher is not None for s in seqs):
+            return None
+        if self._masks is None:
+            from rosefast.engine.grammar import GrammarMasks
+
+            self._masks = GrammarMasks(self.args.vocab_size)
+        return self._masks.start(seqs)
+
+    def _allowed(self, masks, rows):
+        """The sampler's (rows, bitmask) for this step's rows: a forked choice starts where its parent does, so
+        it takes its parent's mask row (`rows` maps each sampling row to the logits row it came from)."""
+        from rosefast.engine.grammar import GrammarMasks
+
+        masked, bitmask = GrammarMasks.result(masks)
+        where = {r: j for j, r in enumerate(masked)}
+        pick = [(i, where[r]) for i, r in enumerate(rows) if r in where]
+        if len(pick) != len(masked) or any(i != j for i, j in pick):
+            bitmask = bitmask[[j for _, j in pick]]
+        return torch.tensor([i for i, _ in pick], dtype=torch.long), bitmask
+
+    def _advance(self, seq, token):
+        """The constrained sequence's matcher takes its token: "stop" once the grammar is complete; "refused"
+        (the sequence ended, to be reported failed) if the matcher will not take it (it has hit one of
+        llguidance's limits: the sampler only draws allowed tokens)."""
+        if seq.matcher.consume_token(token):
+            return "stop" if seq.matcher.is_stopped() else None
+        self._refused.append((seq.request_id, seq.matcher.get_error()))
+        self._end(seq, "abort")
+        return "refused"
 
     def _prompt_logprobs(self, step, full, logits):
         """Fill the prompt logprobs of the sequences in `full` from their rows of this prefill's logits (each

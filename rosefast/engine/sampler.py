@@ -60,13 +60,6 @@ def seeded_uniform(seeds, positions):
     return ((h >> 8) + 1).to(torch.float32) / float(1 << 24)
 
 
-def unpack_bitmask(bitmask, vocab_size):
-    """[R, ceil(V / 32)] int32 words -> [R, V] bool, True where a token is allowed."""
-    tokens = torch.arange(vocab_size, device=bitmask.device)
-    words = bitmask.to(torch.int64).index_select(1, tokens >> 5)       # [R, V]
-    return ((words >> (tokens & 31)) & 1).bool()
-
-
 class PenaltyState:
     """Per-sequence token counts on the device for the sequences that ask for penalties: a row of
     `counts` (output tokens) and of `seen` (prompt or output) per sequence, kept while it runs."""
@@ -172,15 +165,14 @@ class Sampler:
                          torch.tensor(_NEG_INF, device=x.device))
         if allowed is not None:
             rows, bitmask = allowed
-            xr = x.index_select(0, rows)
-            x.index_copy_(0, rows, xr.masked_fill_(~unpack_bitmask(bitmask, x.shape[1]), _NEG_INF))
+            sample_ops.for_tensor(x).mask(x, rows.to(x.device), bitmask.to(x.device, non_blocking=True))
         return state_rows
 
     # -- the whole pass ----------------------------------------------------------------------------------
 
     def __call__(self, logits, seqs, allowed=None):
         """logits [B, V] (any device, any float dtype), seqs: the Sequence of each row; `allowed`, when
-        given: (rows [R] long tensor, bitmask [R, ceil(V/32)] int32). Returns a SampleResult."""
+        given: (rows [R] long tensor, bitmask [R, ceil(V/32)] int32), on any device. Returns a SampleResult."""
         params = [s.params for s in seqs]
         want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
         if allowed is None and not want_lp and all(p.greedy and not p.processed for p in params):

@@ -44,6 +44,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int = None           # per generated token: its logprob and this many top ones (0-20); None: none
     prompt_logprobs: int = None    # the same for each prompt token after the first (0-20); None: none
+    grammar: object = None         # structured output: a rosefast.engine.grammar.Grammar the tokens must follow
     processed: bool = field(default=False, init=False, repr=False, compare=False)  # any logit processing
 
     def __post_init__(self):
@@ -59,7 +60,7 @@ class SamplingParams:
                 and type(self.repetition_penalty) in _PLAIN_NUMBER and self.repetition_penalty == 1
                 and self.logit_bias is None and type(self.min_tokens) is int and self.min_tokens == 0
                 and self.seed is None and self.stop == () and self.stop_token_ids == ()
-                and self.logprobs is None and self.prompt_logprobs is None):
+                and self.logprobs is None and self.prompt_logprobs is None and self.grammar is None):
             self._validate()
 
     def _validate(self):
@@ -100,6 +101,11 @@ class SamplingParams:
             _int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
             _int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        if self.grammar is not None:
+            from rosefast.engine.grammar import Grammar
+
+            if not isinstance(self.grammar, Grammar):
+                raise ValueError(f"grammar must be a Grammar (LLMEngine.grammars.compile), got {self.grammar!r}")
         self.processed = bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
                               or self.logit_bias or self.min_tokens)
 

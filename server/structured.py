@@ -1,0 +1,98 @@
+"""Structured output over HTTP: which grammar a request asks for (OpenAI's response_format, vLLM's guided_* and
+structured_outputs extras), compiled off the hub within ROSEFAST_GRAMMAR_TIMEOUT_S."""
+import json
+
+from rosefast.engine.grammar import GrammarError
+from server.errors import bad_request
+
+FIELDS = {"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
+_GUIDED = (("guided_json", "json_schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+           ("guided_grammar", "lark"))
+_STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "lark",
+               "json_object": "json_object"}
+
+
+def _schema(value, field):
+    """A schema given as an object, or as a JSON string of one (vLLM's guided_json takes both)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise bad_request(f"'{field}' is not valid JSON: {e}", field) from None
+    if not isinstance(value, (dict, bool)):
+        raise bad_request(f"'{field}' must be a JSON schema object", field)
+    return value
+
+
+def _response_format(rf):
+    if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+        raise bad_request("'response_format' must be an object whose 'type' is text, json_object or json_schema",
+                          "response_format")
+    if rf["type"] == "text":
+        return None
+    if rf["type"] == "json_object":
+        return "json_object", None
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise bad_request("'response_format.json_schema' must be an object with a 'name' and a 'schema'",
+                          "response_format")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise bad_request("'response_format.json_schema.strict' must be a boolean", "response_format")
+    # strict or not, the output is held to the schema: a grammar cannot "mostly" follow one
+    return "json_schema", _schema(spec.get("schema", {}), "response_format")
+
+
+def requested_grammar(body):
+    """(kind, value, field) for the grammar the request asks for, or None; a 400 for a malformed one or more
+    than one."""
+    found = []
+    rf = body.get("response_format")
+    if rf is not None:
+        spec = _response_format(rf)
+        if spec is not None:
+            found.append((*spec, "response_format"))
+    for field, kind in _GUIDED:
+        value = body.get(field)
+        if value is not None:
+            found.append((kind, _schema(value, field) if kind == "json_schema" else value, field))
+    so = body.get("structured_outputs")
+    if so is not None:
+        given = [k for k, v in so.items() if v is not None] if isinstance(so, dict) else None
+        if not given or len(given) != 1 or given[0] not in _STRUCTURED:
+            raise bad_request("'structured_outputs' must be an object with exactly one of "
+                              f"{', '.join(sorted(_STRUCTURED))}", "structured_outputs")
+        kind = _STRUCTURED[given[0]]
+        value = so[given[0]]
+        if kind == "json_object":
+            if value is not True:
+                raise bad_request("'structured_outputs.json_object' must be true", "structured_outputs")
+            value = None
+        elif kind == "json_schema":
+            value = _schema(value, "structured_outputs")
+        found.append((kind, value, "structured_outputs"))
+    if len(found) > 1:
+        raise bad_request(f"give one grammar, not {len(found)}: {', '.join(f for _, _, f in found)}", found[1][2])
+    return found[0] if found else None
+
+
+def compile_grammar(state, kind, value, field):
+    """The request's Grammar, compiled on a native thread (the hub serves on meanwhile; llguidance drops the
+    GIL) and waited for at most ROSEFAST_GRAMMAR_TIMEOUT_S; a 400 naming the field when it fails or times out."""
+    grammars = state.manager.engine.grammars
+    timeout = state.config.grammar_timeout_s
+    try:
+        _off_hub(lambda: grammars.tokenizer, None)   # once per server: llguidance's view of the vocabulary (~0.5 s)
+        return _off_hub(lambda: grammars.compile(kind, value), timeout)
+    except GrammarError as e:
+        raise bad_request(f"'{field}': {e}", field) from None
+    except TimeoutError:
+        raise bad_request(f"'{field}': the grammar did not compile within {timeout:g} s", field) from None
+
+
+def _off_hub(fn, timeout):
+    import gevent
+
+    try:
+        return gevent.get_hub().threadpool.spawn(fn).get(timeout=timeout)
+    except gevent.Timeout:
+        raise TimeoutError from None
