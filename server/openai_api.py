@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from rosefast.engine.sampling import SamplingParams
 from server.errors import bad_request
 from server.structured import FIELDS as STRUCTURED
+from server.tools import history_tool_calls
 
 # what the batched sampler takes: OpenAI's names, and vLLM's extras (sent in the openai client's extra_body)
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -14,7 +15,7 @@ IGNORED = {"user", "metadata", "store", "service_tier"}
 COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "ignore_eos", "n", "include_stop_str_in_output",
           "max_completion_tokens", "logprobs"} | SAMPLING | IGNORED
 COMPLETION = COMMON | STRUCTURED | {"prompt", "echo", "best_of", "suffix"}
-CHAT = COMMON | STRUCTURED | {"messages", "top_logprobs", "parallel_tool_calls"}
+CHAT = COMMON | STRUCTURED | {"messages", "top_logprobs", "parallel_tool_calls", "tools", "tool_choice"}
 MAX_N = 16
 MAX_PROMPTS = 64
 MAX_LOGPROBS = 20
@@ -216,6 +217,10 @@ def chat_messages(body):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise bad_request(f"messages[{i}] must be an object with a 'role' in {sorted(ROLES)}", "messages")
         content = m.get("content")
+        calls = None
+        if m["role"] == "assistant" and m.get("tool_calls") is not None:   # a call it made, in the history
+            calls = history_tool_calls(i, m["tool_calls"])
+            content = "" if content is None else content
         if isinstance(content, list):   # [{"type": "text", "text": ...}, ...]
             if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                        for p in content):
@@ -223,5 +228,8 @@ def chat_messages(body):
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string", "messages")
-        out.append({"role": m["role"], "content": _plain_text(content, f"messages[{i}].content")})
+        message = {"role": m["role"], "content": _plain_text(content, f"messages[{i}].content")}
+        if calls:
+            message["tool_calls"] = calls
+        out.append(message)
     return out

@@ -9,23 +9,26 @@ from server.errors import MANAGER_ERRORS, api_error, json_response
 from server.logprobs import chat_logprobs, completion_logprobs
 from server.metrics import count_request
 from server.shapes import openai_finish_reason, usage
+from server.tools import CallWatch, parse_calls
 
 access = logging.getLogger("rosefast.access")
 
 
 class Choice:
     """What one choice has said so far."""
-    __slots__ = ("index", "started", "texts", "entries", "offset", "reason", "tokens")
+    __slots__ = ("index", "started", "texts", "entries", "offset", "reason", "tokens", "watch")
 
     def __init__(self, index):
         self.index, self.started, self.texts, self.entries = index, False, [], []
         self.offset, self.reason, self.tokens = 0, None, 0
+        self.watch = None   # with tools, streamed: a CallWatch
 
 
 class Run:
-    """`echoes`: per prompt, the text echoed before each of its choices (None without echo)."""
+    """`echoes`: per prompt, the text echoed before each of its choices (None without echo); `tools`: the
+    request's Tools when the output may hold tool calls (server.tools)."""
 
-    def __init__(self, state, manager, rid, shapes, options, echoes, strings, t0, stop_watch):
+    def __init__(self, state, manager, rid, shapes, options, echoes, strings, t0, stop_watch, tools=None):
         self.state, self.manager, self.rid, self.shapes = state, manager, rid, shapes
         self.options, self.echoes, self.strings = options, echoes, strings
         self.chat = shapes.chat
@@ -36,6 +39,7 @@ class Run:
         self.log_text = [] if state.config.log_text else None
         self.t_first = self.t_last = None
         self.status = "200"
+        self.tools = tools
 
     @property
     def completion_tokens(self):
@@ -98,6 +102,11 @@ class Run:
             for chunk in stream:
                 choice, text, entries, reason, first = self._take(chunk)
                 role = self.chat and first
+                if self.tools is not None:
+                    text, calls, reason = self._watch(choice, text, reason)
+                    if calls:
+                        yield sse.event(shapes.chunk(choice.index, "", None, role, tool_calls=calls))
+                        role = False
                 if text and not (reason or role or entries or opts.continuous_usage):
                     yield shapes.text_event(choice.index, text)
                 elif text or reason or role or entries:
@@ -115,6 +124,20 @@ class Run:
             self._finish()
         yield sse.DONE
 
+    def _watch(self, choice, text, reason):
+        """A streamed choice with tools: (the content that can go out now, its tool calls once it has ended
+        and they parse, its finish reason: "tool_calls" then)."""
+        if choice.watch is None:
+            choice.watch = CallWatch()
+        out = choice.watch.feed(text)
+        if reason is None or not choice.watch.held:
+            return out, None, reason
+        content, calls = parse_calls(choice.watch.held, self.tools.functions)
+        if calls:
+            choice.reason = "tool_calls"
+            return out, calls, "tool_calls"
+        return out + content, None, reason
+
     def collect(self):
         stream = self.manager.stream(self.rid)
         try:
@@ -128,9 +151,13 @@ class Run:
         finally:
             stream.close()
             self._finish()
-        choices = [(c.index, "".join(c.texts), c.reason,
-                    self._logprobs(c, c.entries) if self.options.logprobs is not None else None)
-                   for c in sorted(self.choices.values(), key=lambda c: c.index)]
+        choices = []
+        for c in sorted(self.choices.values(), key=lambda c: c.index):
+            text, calls = "".join(c.texts), None
+            if self.tools is not None:
+                text, calls = parse_calls(text, self.tools.functions)
+            choices.append((c.index, text, "tool_calls" if calls else c.reason,
+                            self._logprobs(c, c.entries) if self.options.logprobs is not None else None, calls))
         return json_response(self.shapes.full(choices, self._usage()))
 
     def _failed(self, e):

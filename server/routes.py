@@ -8,7 +8,7 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from rosefast.errors import NotReadyError, ShutdownError
-from server import disconnect, openai_api, sse, structured
+from server import disconnect, openai_api, sse, structured, tools
 from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request, json_response
 from server.responses import Run
 from server.shapes import Shapes
@@ -94,11 +94,17 @@ def _serve(chat):
     openai_api.check_fields(body, openai_api.CHAT if chat else openai_api.COMPLETION)
     _check_model(state, body)
     options = openai_api.request_options(body, chat)
+    calls = tools.requested_tools(body) if chat else None
     if chat:   # (echo is a completions field: a chat request that sends it is refused by check_fields)
-        prompts = [_chat_prompt(manager, openai_api.chat_messages(body))]
+        prompts = [_chat_prompt(manager, openai_api.chat_messages(body), calls)]
     else:
         prompts = openai_api.completion_prompts(body)
     wanted = structured.requested_grammar(body)
+    if calls is not None and calls.forced:   # "required" or a named function: held to one call by a grammar
+        if wanted is not None:
+            raise bad_request(f"give one grammar: '{wanted[2]}' and a forced tool call ('tool_choice')",
+                              wanted[2])
+        wanted = (*calls.grammar(), "tool_choice")
     grammar = structured.compile_grammar(state, *wanted) if wanted is not None else None
     params = openai_api.sampling_params(body, state.config, manager.engine.max_model_len, options,
                                         state.generation_defaults, grammar)
@@ -114,7 +120,8 @@ def _serve(chat):
     echoes = [p if isinstance(p, str) else manager.tokenizer.decode(p) for p in prompts] if options.echo else None
     shapes = Shapes(chat, state.model_name)
     stop_watch = disconnect.watch(request.environ, lambda: manager.abort(rid))
-    run = Run(state, manager, rid, shapes, options, echoes, state.token_strings, t0, stop_watch)
+    run = Run(state, manager, rid, shapes, options, echoes, state.token_strings, t0, stop_watch,
+              calls if calls is not None and calls.active else None)
     if state.config.log_text:   # an operator's explicit choice; off by default
         access.info("%s prompt=%r", shapes.id, prompts)
     if options.stream:
@@ -129,8 +136,12 @@ def _check_model(state, body):
                             f"'{state.model_name}'", "not_found_error", "model", "model_not_found")
 
 
-def _chat_prompt(manager, messages):
+def _chat_prompt(manager, messages, calls=None):
+    native = tools.template_takes_tools(manager.tokenizer)
+    listed = [{"type": "function", "function": {"name": n, **f}} for n, f in calls.functions.items()] \
+        if calls is not None and calls.active and native else None
     try:
-        return manager.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return manager.tokenizer.apply_chat_template(tools.render_messages(messages, calls, native), tools=listed,
+                                                     add_generation_prompt=True, tokenize=False)
     except Exception as e:  # noqa: BLE001 - a template that refuses these messages is the client's error
         raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None

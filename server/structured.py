@@ -90,9 +90,20 @@ def compile_grammar(state, kind, value, field):
 
 
 def _off_hub(fn, timeout):
+    """fn() on one of gevent's native threads, this greenlet waiting (an exception comes back as itself, not
+    as a traceback in the log from the thread pool)."""
     import gevent
 
+    def call():
+        try:
+            return fn(), None
+        except Exception as e:  # noqa: BLE001 - re-raised in the caller
+            return None, e
+
     try:
-        return gevent.get_hub().threadpool.spawn(fn).get(timeout=timeout)
+        value, error = gevent.get_hub().threadpool.spawn(call).get(timeout=timeout)
     except gevent.Timeout:
         raise TimeoutError from None
+    if error is not None:
+        raise error
+    return value

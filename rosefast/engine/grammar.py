@@ -18,9 +18,9 @@ EOS is allowed only where the grammar can end; a matcher that has stopped ends i
 import json
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
+
+from rosefast._native import native_lock, start_native_thread
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "lark")
 CACHE_SIZE = 256
@@ -128,7 +128,7 @@ class GrammarMasks:
     def __init__(self, vocab_size):
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rosefast-masks")
+        self._helper = None
         self._executor = None
         self._buffer = torch.empty(0, self.words, dtype=torch.int32)
 
@@ -139,11 +139,13 @@ class GrammarMasks:
             return None
         if self._executor is None:
             self._executor = _llguidance().LLExecutor()
+            self._helper = _Helper()
         if self._buffer.shape[0] < len(rows):
             self._buffer = torch.empty(max(len(rows), 2 * self._buffer.shape[0]), self.words, dtype=torch.int32)
         bitmask = self._buffer[:len(rows)]
         matchers = [(seqs[i].matcher, j) for j, i in enumerate(rows)]
-        return rows, bitmask, self._pool.submit(self._fill, matchers, bitmask)
+        self._helper.submit(lambda: self._fill(matchers, bitmask))
+        return rows, bitmask, self._helper
 
     def _fill(self, matchers, bitmask):
         self._executor.unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), self.words * 4, len(matchers))
@@ -151,6 +153,36 @@ class GrammarMasks:
     @staticmethod
     def result(job):
         """(rows, bitmask [R, W] int32) once the fill is done."""
-        rows, bitmask, future = job
-        future.result()
+        rows, bitmask, helper = job
+        helper.wait()
         return rows, bitmask
+
+
+class _Helper:
+    """One native thread that runs one job at a time (a gevent-patched Thread would be a greenlet of the
+    engine thread: no overlap, and a join that hangs at exit)."""
+
+    def __init__(self):
+        self._go, self._done = native_lock(), native_lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._job = self._error = None
+        start_native_thread(self._loop)
+
+    def _loop(self):
+        while True:
+            self._go.acquire()
+            try:
+                self._job()
+            except BaseException as e:  # noqa: BLE001 - raised again in wait()
+                self._error = e
+            self._done.release()
+
+    def submit(self, job):
+        self._job, self._error = job, None
+        self._go.release()
+
+    def wait(self):
+        self._done.acquire()
+        if self._error is not None:
+            raise self._error

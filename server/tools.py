@@ -1,0 +1,182 @@
+"""Tool calls: the request's `tools` and `tool_choice`, rendered into the prompt, constrained where the choice
+forces a call, and parsed out of the output into OpenAI's shape.
+
+The wire format in the model's text is Hermes' (Qwen's and many fine-tunes'): a call is
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, a tool's answer comes back as a "tool" message.
+A chat template that takes `tools` (it names them) renders them itself; one that does not — SmolLM2's —
+gets them in a system message that lists the functions and says how to call one (FALLBACK below).
+`tool_choice`: "none" (no tools in the prompt, nothing parsed), "auto" (the model decides; a reply that
+starts with `<tool_call>` is parsed), "required" or a named function (the output is held by a grammar to one
+call of a given function with arguments that follow its parameters schema, so it always parses).
+"""
+import json
+import random
+import re
+
+from server.errors import bad_request
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)
+FALLBACK = ("You can call these functions; their parameters are JSON schemas:\n<tools>\n{tools}\n</tools>\n"
+            "To call a function, reply with only " + OPEN + '{{"name": <function name>, "arguments": <the '
+            "arguments as a JSON object>}}" + CLOSE + ".")
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class Tools:
+    """The request's functions (name -> {description, parameters}) and its tool_choice."""
+
+    def __init__(self, functions, choice):
+        self.functions, self.choice = functions, choice
+
+    @property
+    def active(self):
+        return self.choice != "none"
+
+    @property
+    def forced(self):
+        """The names the output must call one of ("required": any, a named function: that one), or None."""
+        if self.choice == "required":
+            return list(self.functions)
+        return [self.choice] if self.choice not in ("none", "auto") else None
+
+    def grammar(self):
+        """(kind, value) of the grammar for a forced call: the tags around a JSON {"name", "arguments"}."""
+        calls = [{"type": "object", "properties": {"name": {"const": name},
+                                                   "arguments": self.functions[name]["parameters"]},
+                  "required": ["name", "arguments"], "additionalProperties": False} for name in self.forced]
+        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        schema = {**schema, "x-guidance": {"whitespace_flexible": False}}   # compact JSON, as in json_schema
+        return "lark", f'start: "{OPEN}" call "{CLOSE}"\ncall: %json {json.dumps(schema)}'
+
+    def listing(self):
+        return "\n".join(json.dumps({"name": n, **f}) for n, f in self.functions.items())
+
+
+def requested_tools(body):
+    """Tools from `tools` and `tool_choice`, or None when the request gives no tools; a 400 naming the field."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools is None:
+        if choice not in (None, "none"):
+            raise bad_request("'tool_choice' needs 'tools'", "tool_choice")
+        return None
+    if not isinstance(tools, list) or not tools or len(tools) > 128:
+        raise bad_request("'tools' must be a non-empty array of at most 128 functions", "tools")
+    functions = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
+            raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}} with a name "
+                              "of 1-64 letters, digits, _ or -", "tools")
+        params = fn.get("parameters", NO_PARAMETERS)
+        if not isinstance(params, dict):
+            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        if fn["name"] in functions:
+            raise bad_request(f"tools: the function '{fn['name']}' is given twice", "tools")
+        entry = {"parameters": params}
+        if isinstance(fn.get("description"), str):
+            entry = {"description": fn["description"], **entry}
+        functions[fn["name"]] = entry
+    if choice is None:
+        choice = "auto"
+    elif isinstance(choice, dict):
+        name = choice.get("function", {}).get("name") if choice.get("type") == "function" and \
+            isinstance(choice.get("function"), dict) else None
+        if not isinstance(name, str):
+            raise bad_request("'tool_choice' must be none, auto, required or {'type': 'function', 'function': "
+                              "{'name': ...}}", "tool_choice")
+        if name not in functions:
+            raise bad_request(f"'tool_choice' names the function '{name[:64]}', which is not in 'tools'",
+                              "tool_choice")
+        choice = name
+    elif choice not in ("none", "auto", "required"):
+        raise bad_request("'tool_choice' must be none, auto, required or {'type': 'function', 'function': "
+                          "{'name': ...}}", "tool_choice")
+    return Tools(functions, choice)
+
+
+def template_takes_tools(tokenizer):
+    return "tools" in (tokenizer.chat_template or "")
+
+
+def render_messages(messages, tools, native):
+    """The messages as the chat template gets them: with the tool listing in the system message (a template
+    without tool support), assistant tool calls and tool answers in the wire format."""
+    out = []
+    for m in messages:
+        content, calls = m["content"], m.get("tool_calls")
+        if calls and not native:
+            content = (content or "") + "".join(
+                f"{OPEN}{json.dumps({'name': c['name'], 'arguments': c['arguments']})}{CLOSE}" for c in calls)
+        elif calls:
+            out.append({"role": m["role"], "content": content or "",
+                        "tool_calls": [{"type": "function", "function": c} for c in calls]})
+            continue
+        out.append({"role": m["role"], "content": content or ""})
+    if tools is not None and tools.active and not native:
+        listing = FALLBACK.format(tools=tools.listing())
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + listing}
+        else:
+            out.insert(0, {"role": "system", "content": listing})
+    return out
+
+
+def history_tool_calls(i, calls):
+    """An assistant message's tool_calls: [{name, arguments (a dict)}]; a 400 naming the message if malformed."""
+    if not isinstance(calls, list) or not calls:
+        raise bad_request(f"messages[{i}].tool_calls must be a non-empty array", "messages")
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
+            raise bad_request(f"messages[{i}].tool_calls entries must be {{'type': 'function', 'function': "
+                              "{'name': ..., 'arguments': a JSON string}}", "messages")
+        try:
+            arguments = json.loads(fn["arguments"])
+        except ValueError:
+            raise bad_request(f"messages[{i}].tool_calls: the arguments of '{fn['name'][:64]}' are not JSON",
+                              "messages") from None
+        out.append({"name": fn["name"], "arguments": arguments})
+    return out
+
+
+def parse_calls(text, functions):
+    """(content, tool calls in OpenAI's shape) from an output: calls only when it starts with a tool-call tag
+    and every call in it is a JSON object naming a given function; otherwise (None calls) the text is content."""
+    if not text.lstrip().startswith(OPEN):
+        return text, None
+    calls = []
+    for body in _CALL.findall(text):
+        try:
+            call = json.loads(body)
+        except ValueError:
+            return text, None
+        if not isinstance(call, dict) or call.get("name") not in functions or \
+                not isinstance(call.get("arguments", {}), dict):
+            return text, None
+        calls.append({"id": f"call_{random.getrandbits(96):024x}", "type": "function",
+                      "function": {"name": call["name"],
+                                   "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}})
+    return (None, calls) if calls else (text, None)
+
+
+class CallWatch:
+    """One streamed choice with tools: content goes out as it comes until the text could still be a tool
+    call (its start is a prefix of the tag, or it begins with it); then it is held to the end and parsed."""
+    __slots__ = ("held", "streaming")
+
+    def __init__(self):
+        self.held, self.streaming = "", False
+
+    def feed(self, text):
+        """What can go out as content now."""
+        if self.streaming:
+            return text
+        self.held += text
+        start = self.held.lstrip()
+        if start.startswith(OPEN) or OPEN.startswith(start):
+            return ""
+        self.streaming, out, self.held = True, self.held, ""
+        return out

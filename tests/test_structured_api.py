@@ -1,0 +1,235 @@
+"""Structured output and tool calls over HTTP, through the official openai client and LangChain against a real
+gunicorn: response_format, vLLM's guided_* extras, tools with every tool_choice, and their 400s."""
+import json
+import re
+import time
+
+import jsonschema
+import openai
+import pytest
+import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benches.schemas import SCHEMAS, WEATHER_TOOL
+from server.tools import CLOSE, OPEN, CallWatch, parse_calls
+from tests.serving import Server, tiny_env
+
+CHAT = [{"role": "user", "content": "Answer in JSON."}]
+FUNCTIONS = {"get_weather": {}}
+PARIS = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    s = Server(tiny_env(tiny_llama, max_inflight_requests=0, grammar_timeout_s=0.3))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _streamed(stream):
+    """(content, tool calls as (name, arguments), finish reason) of a streamed chat completion."""
+    content, calls, reason = "", [], None
+    for event in stream:
+        if not event.choices:
+            continue
+        delta = event.choices[0].delta
+        content += delta.content or ""
+        calls += [(c.function.name, c.function.arguments) for c in delta.tool_calls or ()]
+        reason = event.choices[0].finish_reason or reason
+    return content, calls, reason
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_json_schema_holds_and_streamed_equals_not_streamed(client, name):
+    schema = SCHEMAS[name]
+    fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+    whole = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=300, temperature=0,
+                                           response_format=fmt)
+    text = whole.choices[0].message.content
+    jsonschema.validate(json.loads(text), schema)
+    assert whole.choices[0].finish_reason == "stop"
+    content, _, reason = _streamed(client.chat.completions.create(
+        model="tiny", messages=CHAT, max_tokens=300, temperature=0, response_format=fmt, stream=True))
+    assert (content, reason) == (text, "stop")
+    sampled = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=300, temperature=1.0, seed=3,
+                                             n=3, response_format=fmt)
+    for choice in sampled.choices:
+        jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+def test_guided_extras_and_completions(client):
+    r = client.completions.create(model="tiny", prompt="pick one", max_tokens=20,
+                                  extra_body={"guided_choice": ["red", "green", "blue"]})
+    assert r.choices[0].text in ("red", "green", "blue")
+    r = client.completions.create(model="tiny", prompt="a code", max_tokens=20,
+                                  extra_body={"guided_regex": r"[0-9]{3}-[a-z]{2}"})
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", r.choices[0].text)
+    r = client.completions.create(model="tiny", prompt="json", max_tokens=300, temperature=0,
+                                  extra_body={"guided_json": json.dumps(SCHEMAS["tags"])})
+    jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS["tags"])
+    r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=300, temperature=0,
+                                       extra_body={"structured_outputs": {"json": SCHEMAS["person"]}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMAS["person"])
+    r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=20,
+                                       extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert r.choices[0].message.content in ("yes", "no")
+    r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=5, response_format={"type": "text"})
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_max_tokens_inside_the_object_is_length(client):
+    r = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=4, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content.startswith("{")
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}},
+     "response_format", "Invalid type: strin"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+     "response_format", "Unimplemented keys"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nope"}}}},
+     "response_format", "nope"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format", "'name'"),
+    ({"response_format": {"type": "xml"}}, "response_format", "text, json_object or json_schema"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex", "give one grammar"),
+    ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
+    ({"guided_regex": "a(b"}, "guided_regex", "unclosed group"),
+    ({"guided_choice": []}, "guided_choice", "non-empty list"),
+    ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs", "exactly one of"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "'nope', which is not in 'tools'"),
+    ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+    ({"tools": [{"type": "function"}]}, "tools", "tools[0]"),
+    ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools", "given twice"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "always"}, "tool_choice", "none, auto, required"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "give one grammar"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f",
+                                                                                         "arguments": "{x"}}]}]},
+     "messages", "are not JSON"),
+])
+def test_bad_grammars_and_tools_are_400s_naming_the_field(server, body, param, message):
+    r = requests.post(server.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 5, **body},
+                      timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and message in error["message"], error
+
+
+def test_a_slow_grammar_is_a_400_and_the_hub_serves_on_meanwhile(server, client):
+    # ~20,000 choices: over a second to compile here, past this server's 0.3 s limit
+    choices = [f"option{i:05d}{'x' * (i % 7)}" for i in range(20_000)]
+    seen = []
+
+    def health_during():
+        import threading
+
+        def poll():
+            t_end = time.monotonic() + 0.3
+            while time.monotonic() < t_end:
+                t = time.perf_counter()
+                ok = requests.get(server.url + "/health", timeout=5).status_code == 200
+                seen.append((ok, time.perf_counter() - t))
+                time.sleep(0.02)
+        thread = threading.Thread(target=poll)
+        thread.start()
+        return thread
+
+    poller = health_during()
+    with pytest.raises(openai.BadRequestError, match="did not compile within 0.3 s"):
+        client.completions.create(model="tiny", prompt="pick", max_tokens=5, extra_body={"guided_choice": choices})
+    poller.join()
+    assert seen and all(ok for ok, _ in seen) and max(t for _, t in seen) < 0.25   # not stuck behind the compile
+
+
+def test_forced_tool_calls_parse_into_their_schema(client):
+    schema = WEATHER_TOOL["function"]["parameters"]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        whole = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER_TOOL], tool_choice=choice,
+                                               max_tokens=200, temperature=0)
+        message = whole.choices[0].message
+        assert whole.choices[0].finish_reason == "tool_calls" and message.content is None
+        (call,) = message.tool_calls
+        assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+        content, calls, reason = _streamed(client.chat.completions.create(
+            model="tiny", messages=CHAT, tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=200, temperature=0,
+            stream=True))
+        assert (content, calls, reason) == ("", [("get_weather", call.function.arguments)], "tool_calls")
+
+
+def test_auto_parses_a_call_the_model_makes_and_streams_plain_text(client):
+    # the tiny model never writes a call by itself: a regex makes it write one, and "auto" must parse it
+    forced = re.escape(OPEN + PARIS + CLOSE)
+    whole = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER_TOOL], max_tokens=60,
+                                           extra_body={"guided_regex": forced})
+    (call,) = whole.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "celsius"}
+    assert whole.choices[0].finish_reason == "tool_calls"
+    content, calls, reason = _streamed(client.chat.completions.create(
+        model="tiny", messages=CHAT, tools=[WEATHER_TOOL], max_tokens=60, extra_body={"guided_regex": forced},
+        stream=True))
+    assert (content, len(calls), reason) == ("", 1, "tool_calls")
+    # text that is not a call streams as content, finish_reason as usual; "none" parses nothing
+    for choice in ("auto", "none"):
+        text = f"{OPEN}no" if choice == "none" else "Paris is sunny"
+        content, calls, reason = _streamed(client.chat.completions.create(
+            model="tiny", messages=CHAT, tools=[WEATHER_TOOL], tool_choice=choice, max_tokens=30, stream=True,
+            extra_body={"guided_regex": re.escape(text)}))
+        assert (content, calls, reason) == (text, [], "stop")
+
+
+def test_tool_calls_and_tool_answers_in_the_history_are_rendered(server, client):
+    history = CHAT + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+    r = client.chat.completions.create(model="tiny", messages=history, tools=[WEATHER_TOOL], max_tokens=3)
+    assert r.choices[0].finish_reason == "length"
+    prompt = r.usage.prompt_tokens
+    without = client.chat.completions.create(model="tiny", messages=CHAT, tools=[WEATHER_TOOL], max_tokens=3)
+    assert prompt > without.usage.prompt_tokens + 20   # the call and the answer are in the prompt
+    tokens = requests.post(server.url + "/tokenize", json={"model": "tiny", "messages": history}, timeout=30).json()
+    assert tokens["count"] > 0
+
+
+def test_langchain_structured_output_and_tools(server):
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="tiny", temperature=0, max_tokens=300,
+                     max_retries=0)
+    person = llm.with_structured_output(SCHEMAS["person"] | {"title": "person"}, method="json_schema").invoke("who?")
+    jsonschema.validate(person, SCHEMAS["person"])
+    message = llm.bind_tools([WEATHER_TOOL], tool_choice="get_weather").invoke("weather in Paris?")
+    (call,) = message.tool_calls
+    assert call["name"] == "get_weather"
+    jsonschema.validate(call["args"], WEATHER_TOOL["function"]["parameters"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["Paris is sunny", OPEN + PARIS + CLOSE, "  " + OPEN + PARIS + CLOSE + OPEN + PARIS + CLOSE,
+                        OPEN + "{broken", "<tool", "<tool_x>", OPEN + PARIS]),
+       st.lists(st.integers(0, 200), max_size=6))
+def test_streamed_tool_call_watch_equals_the_whole_text_parse(text, cuts):
+    """Split anywhere, a streamed choice gives what the whole text gives: content, or the same calls."""
+    pieces, last = [], 0
+    for cut in sorted(min(c, len(text)) for c in cuts):
+        pieces.append(text[last:cut])
+        last = cut
+    pieces.append(text[last:])
+    watch = CallWatch()
+    out = "".join(watch.feed(p) for p in pieces)
+    content, calls = parse_calls(watch.held, FUNCTIONS) if watch.held else ("", None)
+    whole_content, whole_calls = parse_calls(text, FUNCTIONS)
+    if whole_calls is None:
+        assert calls is None and out + content == text == whole_content
+    else:
+        assert out == "" and [c["function"] for c in calls] == [c["function"] for c in whole_calls]
