@@ -157,3 +157,12 @@ def test_schemas_hold_on_the_real_model(default_model):
         schemas.append({"type": "object"})
     for out, schema in zip(engine.generate(prompts, params, use_tqdm=False), schemas):
         assert out["finish_reason"] == "stop" and _valid(out["text"], schema), out
+
+
+def test_the_grammar_benchmarks_run(capsys):
+    from benches import grammar_engines, grammar_step
+
+    grammar_engines.main(["--steps", "2"])
+    grammar_step.main(["--steps", "2"])
+    out = capsys.readouterr().out
+    assert "| llguidance |" in out and "| 32 | temperature 1 |" in out

@@ -233,3 +233,11 @@ def test_streamed_tool_call_watch_equals_the_whole_text_parse(text, cuts):
         assert calls is None and out + content == text == whole_content
     else:
         assert out == "" and [c["function"] for c in calls] == [c["function"] for c in whole_calls]
+
+
+def test_the_http_benchmark_runs(tiny_llama, capsys):
+    from benches import structured_http
+
+    rows = structured_http.main(["--model", str(tiny_llama.path), "--streams", "2", "--tokens", "4", "--rounds", "1"])
+    assert [(c, f["completed"], f["errors"]) for c, _, f in rows] == [(False, 2, 0), (True, 2, 0)]
+    assert "constrained / unconstrained tok/s" in capsys.readouterr().out

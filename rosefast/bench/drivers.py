@@ -133,6 +133,7 @@ def _request(args, model, prompt):
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
+    body.update(getattr(args, "extra_body", None) or {})   # a response_format, tools, guided_* ...
     return ("/v1/chat/completions" if chat else "/v1/completions"), body
 
 

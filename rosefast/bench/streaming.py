@@ -35,6 +35,8 @@ def build_parser():
     a("--prompt-repeats", type=int, default=1, help="repeat the prompt text this many times (longer prompts)")
     a("--unique-prompts", action="store_true", help="make every prompt distinct (no prefix-cache sharing)")
     a("--chat", action="store_true", help="wrap prompts in the chat template (in-process) / use chat endpoint")
+    a("--extra-body", type=json.loads, default=None, metavar="JSON",
+      help="over HTTP: fields added to every request body, e.g. a response_format")
     a("--num-requests", type=int, default=32)
     a("--max-new-tokens", type=int, default=32)
     a("--max-batch-size", type=int, default=64)
