@@ -63,7 +63,7 @@ def test_sse_wire_format(server):
 
 def test_models_health_metrics(server, client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
-    assert requests.get(server.url + "/health").json() == {"status": "ok"}
+    assert requests.get(server.url + "/health").json() == {"status": "ok", "worker": 0}
     client.completions.create(model="tiny", prompt="count me", max_tokens=2)
     text = requests.get(server.url + "/metrics").text
     for name in ("rosefast_requests_total", "rosefast_inflight_requests", "rosefast_rejected_total",
