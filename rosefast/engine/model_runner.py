@@ -3,6 +3,7 @@
 A step is either a prefill (several sequences, each with a run of new tokens, packed) or a decode
 (one new token per sequence). Every torch call happens on the thread that calls the runner.
 """
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,10 @@ from rosefast.models._kernels_py import GatherWorkspace
 from rosefast.models.layers import AttentionMetadata
 from rosefast.models.loader import load_model
 from rosefast.models.packed import pack_linears
+from rosefast.models.quant import check_mode, quantize_linears, weight_bytes
+from rosefast.models.sources import gguf_source, resolve_model
+
+log = logging.getLogger("rosefast.engine")
 
 
 @dataclass(slots=True)
@@ -32,9 +37,15 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
+        check_mode(config.quantization, self.device)
         with torch.inference_mode():
             self.model, self.args = load_model(model or config.model, self.dtype, self.device)
+            quantize_linears(self.model, config.quantization, gguf_source(resolve_model(model or config.model)),
+                             head=config.quantize_lm_head)
             pack_linears(self.model, batch_hint=config.max_batch_size)
+            size, count = weight_bytes(self.model)
+            log.info("weights: %.1f MB, %.2f bytes per weight (%s, quantization %s)", size / 1e6, size / count,
+                     self.dtype, config.quantization)
         self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
                                  self.args.max_position_embeddings)
         self.block_size = config.block_size

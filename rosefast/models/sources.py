@@ -159,6 +159,15 @@ def convert_gguf(gguf, dest):
         bar.update()
 
 
+def gguf_source(resolved):
+    """The .gguf file a converted model came from (its cache marker names it), or None."""
+    marker = Path(resolved.path) / CACHE_MARKER
+    if resolved.source not in ("embedded", "gguf") or not marker.is_file():
+        return None
+    path = json.loads(marker.read_text(encoding="utf-8")).get("gguf")
+    return Path(path) if path and Path(path).is_file() else None
+
+
 def resolve_model(spec=DEFAULT_MODEL):
     """Resolve `smollm2-135m`, a Hugging Face model directory or a .gguf path to a ResolvedModel."""
     if spec is None or spec == "" or spec == DEFAULT_MODEL:

@@ -1,0 +1,85 @@
+"""Quantized linears (ROSEFAST_QUANTIZATION), one run: decode tok/s at 1, 8 and 32 concurrent requests for
+none / int8 / int4, the lm_head quantized or not, each beside the floor that reading its weights once per
+step at this machine's measured memory bandwidth allows.
+
+    python -m benches.quantized --tokens 64
+"""
+import argparse
+import time
+
+import torch
+
+from rosefast.engine.llm_engine import LLMEngine
+from rosefast.engine.sampling import SamplingParams
+from rosefast.models import resolve_model
+from rosefast.models.quant import Int4Linear, Int8Linear
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
+
+
+def bandwidth_gb_s():
+    """Read bandwidth: the best of a few sums over a 512 MB tensor."""
+    x = torch.ones(128 << 20)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best / 1e9
+
+
+def step_bytes(model):
+    """Bytes a decode step reads at batch 1: every linear's weights and the lm_head (not the embedding table)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            total += module.packed.numel() + module.scales_zeros.numel() * 2
+        elif isinstance(module, Int8Linear):
+            total += module.q.numel() + module.scale.numel() * 2
+        elif hasattr(module, "packed") and hasattr(module, "in_features"):   # a PackedLinear (bf16)
+            total += module.out_features * module.in_features * 2
+        elif isinstance(module, torch.nn.Linear):
+            total += module.weight.numel() * module.weight.element_size()
+    if model.lm_head is None:   # tied: the head reads the embedding
+        total += model.embed.weight.numel() * model.embed.weight.element_size()
+    return total
+
+
+def tok_s(engine, concurrent, tokens):
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    engine.generate(PROMPTS[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)   # warm
+    prompts = (PROMPTS * concurrent)[:concurrent]
+    t = time.perf_counter()
+    engine.generate(prompts, params, use_tqdm=False)
+    return concurrent * tokens / (time.perf_counter() - t)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--concurrent", default="1,8,32")
+    a = p.parse_args(argv)
+    levels = [int(c) for c in a.concurrent.split(",")]
+    bw = bandwidth_gb_s()
+    print(f"read bandwidth {bw:.1f} GB/s; {a.tokens} greedy tokens per request; dtype {a.dtype}; "
+          f"{torch.get_num_threads()} threads")
+    print("| quantization | lm_head | MB read per step | floor tok/s at c=1 | " +
+          " | ".join(f"c={c} tok/s" for c in levels) + " |")
+    print("|---|---|---|---|" + "---|" * len(levels))
+    rows = []
+    for mode in ("none", "int8", "int4"):
+        for head in ((False,) if mode == "none" else (False, True)):
+            engine = LLMEngine(model=resolve_model(a.model), dtype=a.dtype, kv_cache_tokens=8192, quantization=mode,
+                               quantize_lm_head=head)
+            size = step_bytes(engine.runner.model)
+            rates = [tok_s(engine, c, a.tokens) for c in levels]
+            rows.append((mode, head, size, rates))
+            print(f"| {mode} | {'quantized' if head else 'as loaded'} | {size / 1e6:.0f} | {bw * 1e9 / size:.0f} | " +
+                  " | ".join(f"{r:.1f}" for r in rates) + " |", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Weight-only quantized linears (ROSEFAST_QUANTIZATION): GGUF Q4_1 blocks taken as they are, the ops against
+F.linear on their own dequantized weights, and the whole model against the unquantized one."""
+import gguf
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import quants
+
+from rosefast.config import EngineConfig
+from rosefast.engine.llm_engine import LLMEngine
+from rosefast.engine.sampling import SamplingParams
+from rosefast.models.args import load_model_args
+from rosefast.models.llama import llama_state_dict
+from rosefast.models.loader import read_hf_state_dict
+from rosefast.models.quant import (GROUP, Int4Linear, Int8Linear, check_mode, dequantize_q4_1, gguf_q4_1_layers,
+                                   quantize_int8, quantize_q4_1, unpack_q4_1, weight_bytes)
+from rosefast.models.sources import gguf_source
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
+TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Berlin is the capital "
+        "of Germany. Water boils at one hundred degrees Celsius at sea level.")
+
+
+def test_q4_1_blocks_from_the_gguf_dequantize_bit_exactly_to_gguf_and_to_the_converted_model(default_model):
+    path = gguf_source(default_model)
+    reader = gguf.GGUFReader(str(path))
+    checked = 0
+    for t in reader.tensors:
+        if t.tensor_type == gguf.GGMLQuantizationType.Q4_1 and t.name.startswith(("blk.0.", "blk.29.")):
+            k, n = (int(x) for x in t.shape)
+            ours = dequantize_q4_1(*unpack_q4_1(t.data, n, k))
+            assert torch.equal(ours, torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float()), t.name
+            checked += 1
+    assert checked == 14
+    args = load_model_args(default_model.path)
+    converted = llama_state_dict(read_hf_state_dict(default_model.path), args)
+    layers = gguf_q4_1_layers(path, args)   # fused q|k|v and gate|up, q/k rows in Hugging Face's order
+    for i in (0, 17, 29):
+        for name in ("qkv", "o", "gate_up", "down"):
+            assert torch.equal(dequantize_q4_1(*layers[i][name]), converted[f"layers.{i}.{name}.weight"].float())
+    # our Q4_1 quantizer, given the file's numbers, gives back the file's blocks
+    q, d, m = layers[3]["gate_up"]
+    assert all(torch.equal(a, b) for a, b in zip(quantize_q4_1(dequantize_q4_1(q, d, m)), (q, d, m)))
+
+
+def _served_int4(q, d, m):
+    """The weights the int4 op computes with: d and the zero m + 8 d rounded to bf16, as the op holds them."""
+    scale = d.float().to(torch.bfloat16).float()
+    zero = (m.float() + 8 * d.float()).to(torch.bfloat16).float()
+    n, k = q.shape
+    w = (q.reshape(n, k // GROUP, GROUP).float() - 8) * scale[..., None] + zero[..., None]
+    return w.reshape(n, k)
+
+
+@pytest.mark.parametrize("n, k", [(64, 128), (96, 576), (576, 1536), (960, 576)])
+@pytest.mark.parametrize("batch", [1, 7, 32])
+def test_quantized_linears_equal_f_linear_on_their_dequantized_weights(n, k, batch):
+    g = torch.Generator().manual_seed(n + k + batch)
+    weight = torch.randn(n, k, generator=g) * 0.05
+    bias = torch.randn(n, generator=g) * 0.1
+    x = torch.randn(batch, k, generator=g)
+    xb = x.to(torch.bfloat16).float()   # the ops take bf16 activations
+    q, d, m = quantize_q4_1(weight)
+    assert (dequantize_q4_1(q, d, m) - weight).abs().max() <= d.float().max() / 2 + 1e-6   # half a step at most
+    want = F.linear(xb, _served_int4(q, d, m), bias)
+    got = Int4Linear(q, d, m, bias)(x)
+    assert got.dtype == x.dtype and got.shape == (batch, n)
+    assert (got - want).abs().max() <= 1e-2 * want.abs().max() + 1e-2   # bf16 output rounding
+    q8, s8 = quantize_int8(weight)
+    want8 = F.linear(xb, q8.float() * s8.to(torch.bfloat16).float()[:, None], bias)
+    got8 = Int8Linear(q8, s8, bias)(x)
+    assert (got8 - want8).abs().max() <= 1e-2 * want8.abs().max() + 1e-2
+
+
+def test_the_int4_engine_follows_the_unquantized_one(default_model):
+    ids = None
+    runs = {}
+    for mode in ("none", "int4", "int8"):
+        engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, quantization=mode)
+        ids = engine.tokenizer(TEXT).input_ids
+        greedy = engine.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+                                 use_tqdm=False)
+        scored = engine.generate([ids], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0),
+                                 use_tqdm=False)[0]
+        runs[mode] = ([o["token_ids"] for o in greedy], [c for c, _ in scored["prompt_logprobs"][1:]],
+                      weight_bytes(engine.runner.model))
+    base_tokens, base_lp, (base_bytes, count) = runs["none"]
+    for mode, bound in (("int4", 0.01), ("int8", 0.03)):
+        tokens, lp, (size, _) = runs[mode]
+        first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(base_tokens, tokens)]
+        agreement = sum(first) / sum(len(x) for x in base_tokens)
+        gap = sum(a - b for a, b in zip(base_lp, lp)) / len(lp)
+        print(f"{mode}: greedy agreement {agreement:.2f}, first divergences {first}, loglik gap {gap:+.4f}/token, "
+              f"{size / count:.2f} bytes per weight")
+        assert abs(gap) < bound           # mean per-token loglikelihood on TEXT, nats
+        assert agreement >= 0.5           # near-ties may flip a token; then the texts part ways
+        assert size < 0.45 * base_bytes   # the layers' weights at 4 or 8 bits (embedding, norms as they were)
+
+
+def test_bad_modes_and_devices_are_refused_by_name():
+    with pytest.raises(ValueError, match="quantization must be one of none, int8, int4"):
+        EngineConfig(quantization="int3")
+    with pytest.raises(ValueError, match="runs on CPU only"):
+        check_mode("int4", torch.device("cuda"))
+    check_mode("none", torch.device("cuda"))
+
+
+def test_a_directory_is_quantized_at_load_and_the_benchmark_runs(tiny_llama, capsys):
+    from benches import quantized
+
+    rows = quantized.main(["--model", str(tiny_llama.path), "--tokens", "2", "--concurrent", "1", "--dtype", "float32"])
+    assert [(mode, head) for mode, head, _, _ in rows] == [("none", False), ("int8", False), ("int8", True),
+                                                          ("int4", False), ("int4", True)]
+    assert all(rates[0] > 0 for *_, rates in rows) and rows[3][2] < rows[0][2]
+    assert "| int4 | quantized |" in capsys.readouterr().out
