@@ -33,8 +33,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--model", default="smollm2-135m", help="ROSEFAST_MODEL of the server")
+    p.add_argument("--quantization", default="none", help="ROSEFAST_QUANTIZATION of the server")
     a = p.parse_args(argv)
-    server = Server({"ROSEFAST_MODEL": a.model, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 0,
+    server = Server({"ROSEFAST_MODEL": a.model, "ROSEFAST_QUANTIZATION": a.quantization, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 0,
                      "ROSEFAST_GENERATION_CONFIG": "none"}, startup_timeout=600)
     rows = []
     try:

@@ -20,7 +20,8 @@ class EngineConfig:
     seed: int = 0                      # for requests without their own seed
     num_threads: int = 0               # torch intra-op threads on CPU; 0: torch's default
     stand_in_step_ms: float = 0.0      # model "stand-in" (no forward pass): how long each step takes
-    quantization: str = "none"         # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quant)
+    quantization: str = "none"         # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quant);
+                                       # auto: int4 for a GGUF whose linears are Q4_1, on CPU; else none
     quantize_lm_head: bool = False     # quantize the lm_head too (int8 / int4 as above)
 
     def __post_init__(self):
@@ -38,8 +39,8 @@ class EngineConfig:
                              f"got {self.stand_in_step_ms!r}")
         if not 0 < self.kv_memory_fraction <= 0.95:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction!r}")
-        if self.quantization not in ("none", "int8", "int4"):
-            raise ValueError(f"quantization must be one of none, int8, int4; got {self.quantization!r}")
+        if self.quantization not in ("none", "int8", "int4", "auto"):
+            raise ValueError(f"quantization must be one of none, int8, int4, auto; got {self.quantization!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or

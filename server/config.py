@@ -18,6 +18,8 @@ class ConfigError(ValueError):
 @dataclass
 class ServerConfig(EngineConfig):
     """The engine's fields (EngineConfig's, with its defaults and checks), then the server's own."""
+    # the engine's, with the server's own default: int4 where the model's file is Q4_1 (the embedded one)
+    quantization: str = "auto"
     # the serving core
     max_inflight_requests: int = 256     # past this, 429 at once (0: unlimited)
     tokenize_workers: int = 2            # native threads encoding prompts off the request path

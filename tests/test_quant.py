@@ -113,3 +113,12 @@ def test_a_directory_is_quantized_at_load_and_the_benchmark_runs(tiny_llama, cap
                                                           ("int4", False), ("int4", True)]
     assert all(rates[0] > 0 for *_, rates in rows) and rows[3][2] < rows[0][2]
     assert "| int4 | quantized |" in capsys.readouterr().out
+
+
+def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, tiny_llama):
+    from server.config import server_config_from_env
+
+    assert server_config_from_env({}).quantization == "auto" and EngineConfig().quantization == "none"
+    for model, want in ((default_model, True), (tiny_llama, False)):
+        engine = LLMEngine(model=model, dtype="float32", kv_cache_tokens=1024, quantization="auto")
+        assert any(isinstance(m, Int4Linear) for m in engine.runner.model.modules()) is want

@@ -20,7 +20,7 @@ from torch import nn
 log = logging.getLogger("rosefast.engine")
 
 GROUP = 32
-MODES = ("none", "int8", "int4")
+MODES = ("none", "int8", "int4", "auto")
 LINEARS = ("qkv", "o", "gate_up", "down")
 _Q4_1_BYTES = 20   # fp16 d, fp16 m, 16 bytes of nibbles: weights 0-15 in the low nibbles, 16-31 in the high
 
@@ -138,17 +138,23 @@ def gguf_q4_1_layers(path, args):
 def check_mode(mode, device):
     if mode not in MODES:
         raise ValueError(f"quantization must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode != "none" and device.type != "cpu":
+    if mode not in ("none", "auto") and device.type != "cpu":
         raise ValueError(f"quantization {mode!r} runs on CPU only here; on {device.type} use bf16 "
                          "(ROSEFAST_QUANTIZATION=none)")
 
 
 def quantize_linears(model, mode, gguf_path=None, head=False):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head if `head`) by quantized ones; int4 takes
-    a GGUF file's Q4_1 blocks as they are when `gguf_path` has them. Returns (layers replaced, source)."""
+    a GGUF file's Q4_1 blocks as they are when `gguf_path` has them; "auto" is int4 when it has them, else
+    nothing. Returns (layers replaced, source)."""
     if mode == "none":
         return 0, None
-    from_file = gguf_q4_1_layers(gguf_path, model.args) if mode == "int4" and gguf_path is not None else None
+    from_file = gguf_q4_1_layers(gguf_path, model.args) if mode in ("int4", "auto") and gguf_path is not None \
+        else None
+    if mode == "auto":
+        if from_file is None or next(model.parameters()).device.type != "cpu":
+            return 0, None
+        mode = "int4"
     count = 0
     for i, layer in enumerate(model.layers):
         for name in LINEARS:
