@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rosefast.models.packed import PackedLinear
+
 log = logging.getLogger("rosefast.engine")
 
 GROUP = 32
@@ -184,6 +186,9 @@ def weight_bytes(model):
             params += module.out_features * module.in_features
         elif isinstance(module, Int8Linear):
             total += module.q.numel() + module.scale.numel() * 2
+            params += module.out_features * module.in_features
+        elif isinstance(module, PackedLinear):   # oneDNN's bf16 copy (of the embedding too, for a tied head)
+            total += module.out_features * module.in_features * 2
             params += module.out_features * module.in_features
         else:
             for p in module.parameters(recurse=False):

@@ -1,0 +1,75 @@
+"""rosefast beside llama.cpp's `llama-server` on the same GGUF (the embedded SmolLM2 Q4_1), the same lean SSE
+client, one run: greedy completions streamed at 1 and 32 concurrent requests, alternating rounds; TTFT, ITL
+and tok/s side by side. llama-server is built from the vendored source of the llama-cpp-python sdist
+(README: "Beside llama.cpp").
+
+    python -m benches.llama_cpp --llama-server /path/to/llama-server --tokens 128 --rounds 2
+"""
+import argparse
+import os
+from types import SimpleNamespace
+
+from rosefast.bench.drivers import run_http
+from rosefast.bench.report import figures
+from rosefast.models.sources import default_gguf_path
+from server.process import Server
+
+PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottle."
+
+
+def run(url, streams, tokens):
+    args = SimpleNamespace(url=url, client="raw", chat=False, max_new_tokens=tokens, temperature=0.0, top_p=1.0,
+                           no_stop_on_eos=True, submit_interval_ms=0.0, submit_schedule="absolute", burstiness=1.0,
+                           seed=0, pretok=False, extra_body=None)
+    samples, _ = run_http(args, [PROMPT] * streams)
+    return figures(samples, args, True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--llama-server", required=True, help="the llama-server binary")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--concurrent", default="1,32")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--quantization", default="auto", help="rosefast's ROSEFAST_QUANTIZATION")
+    a = p.parse_args(argv)
+    levels = [int(c) for c in a.concurrent.split(",")]
+    gguf = str(default_gguf_path())
+    slots = max(levels)
+    servers = {}
+    try:
+        servers["llama.cpp"] = Server({}, command=[a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", "{port}",
+                                                   "-c", str(slots * (a.tokens + 64)), "-np", str(slots),
+                                                   "-t", str(a.threads), "--no-webui"], startup_timeout=300)
+        servers["rosefast"] = Server({"ROSEFAST_QUANTIZATION": a.quantization, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 0,
+                                      "ROSEFAST_GENERATION_CONFIG": "none"}, startup_timeout=600)
+        for url in (s.url for s in servers.values()):
+            run(url, 2, 8)   # warm
+        rows = []
+        for r in range(a.rounds):
+            for c in levels:
+                for name, s in servers.items():
+                    rows.append((name, c, r, run(s.url, c, a.tokens)))
+    finally:
+        for s in servers.values():
+            s.stop()
+    print(f"{a.tokens} greedy tokens per request (ignore_eos), {os.path.basename(gguf)}, {a.threads} threads; "
+          f"rosefast ROSEFAST_QUANTIZATION={a.quantization}")
+    print("| server | concurrent | round | completed | TTFT p50 ms | ITL per event p50 / p99 ms | tok/s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, c, r, f in rows:
+        print(f"| {name} | {c} | {r + 1} | {f['completed']} | {f['ttft']['p50']:.1f} | "
+              f"{f['itl_per_event']['p50']:.1f} / {f['itl_per_event']['p99']:.1f} | "
+              f"{f.get('throughput_completion_tok_s', 0):,.1f} |")
+    for c in levels:
+        ours = [f for n, cc, _, f in rows if n == "rosefast" and cc == c]
+        theirs = [f for n, cc, _, f in rows if n == "llama.cpp" and cc == c]
+        itl = sum(f["itl_per_event"]["p50"] for f in ours) / sum(f["itl_per_event"]["p50"] for f in theirs)
+        tps = sum(f["throughput_completion_tok_s"] for f in ours) / sum(f["throughput_completion_tok_s"] for f in theirs)
+        print(f"c={c}: rosefast / llama.cpp ITL p50 {itl:.2f}x, tok/s {tps:.2f}x")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
