@@ -7,10 +7,8 @@ and tok/s side by side. llama-server is built from the vendored source of the ll
 """
 import argparse
 import os
-from types import SimpleNamespace
 
-from rosefast.bench.drivers import run_http
-from rosefast.bench.report import figures
+from rosefast.bench.drivers import burst_figures
 from rosefast.models.sources import default_gguf_path
 from server.process import Server
 
@@ -18,11 +16,7 @@ PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottl
 
 
 def run(url, streams, tokens):
-    args = SimpleNamespace(url=url, client="raw", chat=False, max_new_tokens=tokens, temperature=0.0, top_p=1.0,
-                           no_stop_on_eos=True, submit_interval_ms=0.0, submit_schedule="absolute", burstiness=1.0,
-                           seed=0, pretok=False, extra_body=None)
-    samples, _ = run_http(args, [PROMPT] * streams)
-    return figures(samples, args, True)
+    return burst_figures(url, [PROMPT] * streams, tokens)
 
 
 def main(argv=None):

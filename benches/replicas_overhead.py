@@ -5,21 +5,15 @@ model's step does not hide the proxy; the lean SSE client).
     python -m benches.replicas_overhead --streams 32 --tokens 64 --step-ms 20
 """
 import argparse
-from types import SimpleNamespace
 
 from deploy.replicas import Nginx
-from rosefast.bench.drivers import run_http
-from rosefast.bench.report import figures
+from rosefast.bench.drivers import burst_figures
 from server.process import Server, free_port
 
 
 def run(url, streams, tokens):
-    args = SimpleNamespace(url=url, client="raw", chat=False, max_new_tokens=tokens, temperature=0.0, top_p=1.0,
-                           no_stop_on_eos=True, submit_interval_ms=0.0, submit_schedule="absolute", burstiness=1.0,
-                           seed=0, pretok=False)
-    run_http(args, ["Once upon a time"] * 4)   # warm
-    samples, _ = run_http(args, ["Once upon a time"] * streams)
-    return figures(samples, args, True)
+    burst_figures(url, ["Once upon a time"] * 4, tokens)   # warm
+    return burst_figures(url, ["Once upon a time"] * streams, tokens)
 
 
 def main(argv=None):

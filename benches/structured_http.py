@@ -5,10 +5,8 @@ max_tokens inside one long string field, so both sides generate the same number 
     python -m benches.structured_http --streams 32 --tokens 128 --rounds 2
 """
 import argparse
-from types import SimpleNamespace
 
-from rosefast.bench.drivers import run_http
-from rosefast.bench.report import figures
+from rosefast.bench.drivers import burst_figures
 from server.process import Server
 
 SCHEMA = {"type": "object", "properties": {"story": {"type": "string", "minLength": 2000, "maxLength": 2000}},
@@ -19,11 +17,7 @@ PROMPT = "Write a long story about a lighthouse keeper, as JSON."
 def run(url, streams, tokens, constrained, temperature):
     extra = {"response_format": {"type": "json_schema", "json_schema": {"name": "story", "schema": SCHEMA}}} \
         if constrained else None
-    args = SimpleNamespace(url=url, client="raw", chat=True, max_new_tokens=tokens, temperature=temperature, top_p=1.0,
-                           no_stop_on_eos=True, submit_interval_ms=0.0, submit_schedule="absolute", burstiness=1.0,
-                           seed=0, pretok=False, extra_body=extra)
-    samples, _ = run_http(args, [PROMPT] * streams)
-    return figures(samples, args, True)
+    return burst_figures(url, [PROMPT] * streams, tokens, chat=True, temperature=temperature, extra_body=extra)
 
 
 def main(argv=None):

@@ -241,3 +241,17 @@ def run_http(args, prompts, progress=None):
         thread.join()
         loop.close()
     return samples, holder["model"]
+
+
+def burst_figures(url, prompts, tokens, chat=False, temperature=0.0, extra_body=None):
+    """The report's figures for `prompts` sent at once to an OpenAI server over the lean SSE client, greedy
+    (or at `temperature`), `tokens` each (ignore_eos): what the side-by-side benchmarks compare."""
+    from types import SimpleNamespace
+
+    from rosefast.bench.report import figures
+
+    args = SimpleNamespace(url=url, client="raw", chat=chat, max_new_tokens=tokens, temperature=temperature, top_p=1.0,
+                           no_stop_on_eos=True, submit_interval_ms=0.0, submit_schedule="absolute", burstiness=1.0,
+                           seed=0, pretok=False, extra_body=extra_body)
+    samples, _ = run_http(args, prompts)
+    return figures(samples, args, True)
