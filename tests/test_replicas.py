@@ -186,7 +186,8 @@ def test_streams_through_nginx_are_not_buffered(default_model):
 def test_the_overhead_benchmark_runs(default_model, capsys):
     from benches import replicas_overhead
 
-    rows = replicas_overhead.main(["--streams", "3", "--tokens", "4", "--step-ms", "2"])
+    # streams that outlive the burst (30 steps of 5 ms), so a replica is still full when the overflow arrives
+    rows = replicas_overhead.main(["--streams", "3", "--tokens", "30", "--step-ms", "5"])
     assert [(n, f["completed"], f["rejected"], f["errors"]) for _, n, f in rows] == \
         [(3, 3, 0, 0), (3, 3, 0, 0), (9, 3, 6, 0), (9, 6, 3, 0)]
     assert "| 3x overload, through nginx (2 replicas) | 9 | 6 | 3 | 0 |" in capsys.readouterr().out
