@@ -146,7 +146,9 @@ def test_a_slow_grammar_is_a_400_and_the_hub_serves_on_meanwhile(server, client)
     with pytest.raises(openai.BadRequestError, match="did not compile within 0.3 s"):
         client.completions.create(model="tiny", prompt="pick", max_tokens=5, extra_body={"guided_choice": choices})
     poller.join()
-    assert seen and all(ok for ok, _ in seen) and max(t for _, t in seen) < 0.25   # not stuck behind the compile
+    # the 400 came at the limit while the compile ran on; the polls during it were answered (a hub held by the
+    # compile would have answered one, after it)
+    assert len(seen) >= 3 and all(ok for ok, _ in seen)
 
 
 def test_forced_tool_calls_parse_into_their_schema(client):
