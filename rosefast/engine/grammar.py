@@ -4,10 +4,10 @@
     params = SamplingParams(grammar=grammar, ...)                  # each sequence gets its own matcher
 
 Kinds: json_schema (a schema object), json_object (any JSON object), regex, choice (one of a list of
-strings), lark (a Lark grammar, llguidance's dialect). llguidance over xgrammar: on this model's 49,152-token
-vocabulary it compiled the test schemas in 0.3-3.5 ms against 0.8-12 ms and filled a step's masks in 0.14 ms
-at B = 1 and 0.86 ms at B = 32 against 1.2 and 2.5 ms, and it brings no dependencies (xgrammar pulls in
-triton, ~1 GB) (`python -m benches.grammar_engines`). Its parser limits bound each step's work, so a
+strings), lark (a Lark grammar, llguidance's dialect). llguidance over xgrammar (`python -m benches.grammar_engines`,
+the README's table): on this model's 49,152-token vocabulary it compiled the test schemas 4-20x faster and
+filled one row's mask 5-25x faster, the two were within noise at B = 32, and it brings no dependencies
+(xgrammar pulls in triton, ~1 GB). Its parser limits bound each step's work, so a
 pathological grammar errors instead of stalling the engine thread.
 
 Masks (`GrammarMasks`) are filled on a helper thread while the forward pass runs (llguidance drops the GIL
@@ -16,8 +16,8 @@ step, so its mask does not depend on the logits. The sampler applies them (`allo
 EOS is allowed only where the grammar can end; a matcher that has stopped ends its sequence ("stop").
 """
 import json
-import threading
 from collections import OrderedDict
+
 import torch
 
 from rosefast._native import native_lock, start_native_thread
@@ -83,7 +83,7 @@ class Grammars:
     def __init__(self, hf_tokenizer, vocab_size, eos_token_ids):
         self._hf, self.vocab_size, self._eos = hf_tokenizer, vocab_size, sorted(eos_token_ids)
         self._tokenizer = None
-        self._lock = threading.Lock()
+        self._lock = native_lock()   # compiles run on native threads: a gevent-patched Lock would not hold
         self._cache = OrderedDict()
         self.compiled = 0   # grammars compiled (cache misses)
 

@@ -8,6 +8,7 @@ import torch
 
 from rosefast.config import EngineConfig
 from rosefast.engine.block_manager import BlockManager
+from rosefast.engine.grammar import GrammarError, GrammarMasks, Grammars
 from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.scheduler import Scheduler
@@ -62,7 +63,7 @@ class LLMEngine:
         self.forks = 0   # choices forked from another's prefill
         self._tokenizer = None
         self._grammars = None
-        self._masks = None   # GrammarMasks, made with the first constrained request
+        self._masks = GrammarMasks(self.args.vocab_size)   # llguidance's threads start with the first grammar
         self._refused = []   # (request id, why) of constrained sequences whose matcher refused a token this step
         self.steps = 0
 
@@ -78,8 +79,6 @@ class LLMEngine:
     def grammars(self):
         """Structured output's grammar compiler and cache for this model's tokenizer (compile from any thread)."""
         if self._grammars is None:
-            from rosefast.engine.grammar import Grammars
-
             self._grammars = Grammars(self.tokenizer, self.args.vocab_size, self.args.eos_token_ids)
         return self._grammars
 
@@ -171,8 +170,6 @@ class LLMEngine:
                 self._before_step(self.steps, [s.request_id for s in scheduled])
             outputs += self._run(step)
             if self._refused:   # a constrained sequence its grammar gave up on: failed alone, the rest go on
-                from rosefast.engine.grammar import GrammarError
-
                 refused, self._refused = self._refused, []
                 return StepResult(outputs, [rid for rid, _ in refused], GrammarError(f"grammar: {refused[0][1]}"))
             return StepResult(outputs)
@@ -191,7 +188,8 @@ class LLMEngine:
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
             else range(len(step.seqs))   # every decoding sequence samples
         full = {i for i, s in enumerate(step.seqs) if s.wants_prompt_logprobs} if step.is_prefill else None
-        masks = self._start_masks([step.seqs[i] for i in sampling])   # filled while the model runs
+        masks = self._masks.start(step.seqs if not step.is_prefill else [step.seqs[i] for i in sampling])
+        # (filled while the model runs; None when no row is constrained)
         logits = self.runner.forward(inputs, step.is_prefill, all_logits=full)
         if full:
             logits = self._prompt_logprobs(step, full, logits)
@@ -232,20 +230,9 @@ class LLMEngine:
                                           None if lp is None else [lp]))
         return outputs
 
-    def _start_masks(self, seqs):
-        if not any(s.matcher is not None for s in seqs):
-            return None
-        if self._masks is None:
-            from rosefast.engine.grammar import GrammarMasks
-
-            self._masks = GrammarMasks(self.args.vocab_size)
-        return self._masks.start(seqs)
-
     def _allowed(self, masks, rows):
         """The sampler's (rows, bitmask) for this step's rows: a forked choice starts where its parent does, so
         it takes its parent's mask row (`rows` maps each sampling row to the logits row it came from)."""
-        from rosefast.engine.grammar import GrammarMasks
-
         masked, bitmask = GrammarMasks.result(masks)
         where = {r: j for j, r in enumerate(masked)}
         pick = [(i, where[r]) for i, r in enumerate(rows) if r in where]

@@ -38,10 +38,10 @@ class ModelRunner:
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         check_mode(config.quantization, self.device)
+        resolved = resolve_model(model or config.model)
         with torch.inference_mode():
-            self.model, self.args = load_model(model or config.model, self.dtype, self.device)
-            quantize_linears(self.model, config.quantization, gguf_source(resolve_model(model or config.model)),
-                             head=config.quantize_lm_head)
+            self.model, self.args = load_model(resolved, self.dtype, self.device)
+            quantize_linears(self.model, config.quantization, gguf_source(resolved), head=config.quantize_lm_head)
             pack_linears(self.model, batch_hint=config.max_batch_size)
             size, count = weight_bytes(self.model)
             log.info("weights: %.1f MB, %.2f bytes per weight (%s, quantization %s)", size / 1e6, size / count,
