@@ -32,10 +32,13 @@ def post_fork(server, worker):
 
 def post_worker_init(worker):
     """Build the app in the worker right away (the model loads while /health answers 503), and drain on
-    SIGTERM: new requests get 503 while the in-flight streams finish, then the worker exits."""
+    SIGTERM: new requests get 503 while the in-flight streams finish, then the worker exits. A worker whose
+    engine died (a fatal device error) sends itself that SIGTERM: gunicorn replaces it."""
+    import os
     import signal
 
     state = worker.wsgi.load().extensions["rosefast"]
+    state.restart_worker = lambda: os.kill(os.getpid(), signal.SIGTERM)
 
     def on_sigterm(sig, frame):
         if not state.draining:

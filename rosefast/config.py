@@ -8,8 +8,10 @@ class EngineConfig:
     device: str = "auto"               # auto (cuda when present, else cpu), cpu, cuda, cuda:N
     dtype: str = "auto"                # auto, float32, bfloat16, float16
     block_size: int = 16               # tokens per KV cache block
-    kv_cache_tokens: int = 0           # KV budget in tokens; 0: take kv_memory_fraction of free memory
-    kv_memory_fraction: float = 0.10   # of free device memory (CPU: of available RAM), when kv_cache_tokens == 0
+    kv_cache_tokens: int = 0           # KV budget in tokens; 0: from the memory settings below
+    kv_memory_fraction: float = 0.10   # CPU: the KV cache takes this share of the available RAM
+    gpu_memory_utilization: float = 0.85   # CUDA: this share of the GPU's total memory holds everything
+                                           # (weights, activations, graphs); the KV cache gets what is left
     max_model_len: int = 0             # 0: the model's context length
     max_batch_size: int = 64           # decode batch (max running requests)
     max_active_requests: int = 0       # requests admitted into the engine at once; 0: max_batch_size
@@ -39,6 +41,9 @@ class EngineConfig:
                              f"got {self.stand_in_step_ms!r}")
         if not 0 < self.kv_memory_fraction <= 0.95:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction!r}")
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0 < self.gpu_memory_utilization <= 0.98:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 0.98], got {self.gpu_memory_utilization!r}")
         if self.quantization not in ("none", "int8", "int4", "auto"):
             raise ValueError(f"quantization must be one of none, int8, int4, auto; got {self.quantization!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -10,7 +10,8 @@ import time
 
 from rosefast._native import native_lock, start_native_thread
 from rosefast.detok import IncrementalDetokenizer
-from rosefast.errors import EngineError, ShutdownError
+from rosefast.engine.device import is_fatal_device_error
+from rosefast.errors import EngineDeadError, EngineError, ShutdownError
 from rosefast.outbox import StepBatch
 
 _STOP = ("stop",)
@@ -20,19 +21,22 @@ class EngineThread:
     """`EngineThread(config, requests, outbox, ...)`: `requests` is the manager's RequestTable (outputs are
     matched to their records by id), `outbox` where they go. `tokenizer` replaces the model's own,
     `wrap_tokenizer(tokenizer)` wraps it (fault injection), `before_step` goes to the engine, and
-    `on_ready()` runs on this thread once everything is loaded, before the first request is taken."""
+    `on_ready()` runs on this thread once everything is loaded, before the first request is taken.
+    A fatal device error (EngineDeadError) ends the engine: every open request fails with it, the thread
+    steps no more, `dead` holds the error and `on_dead(error)` runs (the server restarts its worker)."""
 
     def __init__(self, config, requests, outbox, *, tokenizer=None, wrap_tokenizer=None, before_step=None,
-                 on_ready=None):
+                 on_ready=None, on_dead=None):
         self.config = config
         self._requests, self._outbox = requests, outbox
         self._tokenizer_override, self._wrap_tokenizer = tokenizer, wrap_tokenizer
-        self._before_step, self._on_ready = before_step, on_ready
+        self._before_step, self._on_ready, self._on_dead = before_step, on_ready, on_dead
         self._queue = _queue.SimpleQueue()
         self.model = None        # the ResolvedModel, the tokenizer and the engine, once loaded
         self.tokenizer = None
         self.engine = None
         self.load_error = None
+        self.dead = None         # the EngineDeadError that ended the engine
         self._ready = native_lock()
         self._exited = native_lock()
 
@@ -101,17 +105,34 @@ class EngineThread:
         engine = self.engine
         try:
             while True:
-                item = self._queue.get() if not engine.has_unfinished() else self._next_nowait()
+                stepping = self.dead is None and engine.has_unfinished()
+                item = self._next_nowait() if stepping else self._queue.get()
                 while item is not None:
                     if item is _STOP:
                         self._fail_all(ShutdownError("the server is shutting down"))
                         return
-                    self._handle(item)
+                    self._guarded(self._handle, item)
                     item = self._next_nowait()
-                if engine.has_unfinished():
-                    self._step()
+                if self.dead is None and engine.has_unfinished():
+                    self._guarded(self._step)
         finally:
             self._exited.release()
+
+    def _guarded(self, fn, *args):
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - only a dead device is handled here
+            if not isinstance(e, EngineDeadError) and not is_fatal_device_error(e):
+                raise
+            self._die(e if isinstance(e, EngineDeadError) else EngineDeadError(f"the device failed: {e}"))
+
+    def _die(self, error):
+        """No engine call can succeed any more: fail what is open without touching the device again."""
+        self.dead = error
+        records = [r for r in self._requests.open() if r.detok is not None]
+        self._outbox.fail(records, EngineDeadError(f"{error}; this worker restarts"))
+        if self._on_dead is not None:
+            self._on_dead(error)
 
     def _next_nowait(self):
         try:
@@ -125,13 +146,17 @@ class EngineThread:
                 self._add(record, ids)
         else:
             record = item[1]
-            self.engine.abort(record.id)
+            if self.dead is None:
+                self.engine.abort(record.id)
             if not record.finished:
                 self._outbox.end([record], "abort")
 
     def _add(self, record, ids):
         """A prompt's first choice (its forks are the others) into the engine."""
         if record.finished:          # aborted (or failed) while it waited for this thread
+            return
+        if self.dead is not None:
+            self._outbox.fail([record, *record.forks], EngineDeadError(f"{self.dead}; this worker restarts"))
             return
         try:
             self.engine.add_request(ids, record.params, request_id=record.id, fork_ids=[f.id for f in record.forks])
@@ -144,8 +169,9 @@ class EngineThread:
 
     def _fail_all(self, exc):
         records = [r for r in self._requests.open() if r.detok is not None]
-        for record in records:
-            self.engine.abort(record.id)
+        if self.dead is None:
+            for record in records:
+                self.engine.abort(record.id)
         self._outbox.fail(records, exc)
 
     def _step(self):

@@ -44,7 +44,7 @@ class SchedulerManager:
 
     def __init__(self, engine_config=None, *, max_inflight_requests=None, tokenize_workers=0,
                  record_token_timestamps=False, waker="thread", before_step=None, tokenizer=None, wait=True,
-                 wrap_tokenizer=None, freeze_gc=True, **engine_kwargs):
+                 wrap_tokenizer=None, freeze_gc=True, on_dead=None, **engine_kwargs):
         if engine_config is None:
             unknown = set(engine_kwargs) - set(EngineConfig.__dataclass_fields__)
             if unknown:
@@ -70,7 +70,7 @@ class SchedulerManager:
         self._freeze_gc = freeze_gc
         self._engine_thread = EngineThread(engine_config, self.requests, self.outbox, tokenizer=tokenizer,
                                            wrap_tokenizer=wrap_tokenizer, before_step=before_step,
-                                           on_ready=self._on_ready)
+                                           on_ready=self._on_ready, on_dead=on_dead)
         self._engine_thread.start(wait=wait)
 
     def _on_ready(self):
@@ -100,6 +100,11 @@ class SchedulerManager:
     def ready(self):
         """True once the model is loaded and requests are accepted."""
         return self.engine is not None
+
+    @property
+    def dead(self):
+        """The EngineDeadError that ended the engine (a fatal device error), or None."""
+        return self._engine_thread.dead
 
     @property
     def load_error(self):
@@ -134,6 +139,8 @@ class SchedulerManager:
         if engine is None:
             raise NotReadyError("the model is still loading" if self.load_error is None else
                                 f"the model failed to load: {self.load_error}")
+        if self.dead is not None:
+            raise ShutdownError(f"{self.dead}; this worker restarts")
         taken = 0
         try:
             for _ in prompts:

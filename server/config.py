@@ -41,6 +41,7 @@ class ServerConfig(EngineConfig):
     # fault injection, for reliability tests and drills (off by default)
     fault_steps: str = ""                # engine steps (comma-separated numbers) that raise
     fault_tokenize_marker: str = ""      # prompts containing this text make the tokenizer raise
+    fault_device_step: int = 0           # this engine step raises a sticky CUDA error (the engine dies)
 
     def fault_step_numbers(self):
         return {int(x) for x in self.fault_steps.split(",") if x.strip()}

@@ -33,6 +33,7 @@ class State:
         self.metrics = Metrics(self)
         self.started = time.time()
         self.draining = False
+        self.restart_worker = None   # set by gunicorn.conf.py: how the worker ends itself when its engine dies
         self._token_strings = None
         self._generation_defaults = None
 
@@ -68,7 +69,15 @@ class State:
             sys.setswitchinterval(c.switch_interval_ms / 1000.0)
         self.manager = SchedulerManager(c.engine_config(), max_inflight_requests=c.max_inflight_requests or None,
                                         tokenize_workers=c.tokenize_workers, waker="gevent" if gevent else "thread",
-                                        wait=False, **fault_hooks(c))
+                                        wait=False, on_dead=self._engine_died, **fault_hooks(c))
+
+    def _engine_died(self, error):
+        """On the engine thread, after a fatal device error failed every open request: /health says 503 and
+        the worker ends (gunicorn starts a fresh one, with a fresh CUDA context)."""
+        log.critical("the engine is dead (%s): %s", error, "restarting the worker" if self.restart_worker else
+                     "no worker to restart (not under gunicorn)")
+        if self.restart_worker is not None:
+            self.restart_worker()
 
     def drain(self, done, timeout):
         """Stop taking requests (503 from now on); call `done()` when the in-flight ones have finished

@@ -1,13 +1,23 @@
-"""Fault injection for drills and tests (ROSEFAST_FAULT_*; off by default): an engine step that raises, a
-tokenizer that raises on marked prompts. Each hook is a SchedulerManager argument."""
+"""Fault injection for drills and tests (ROSEFAST_FAULT_*; off by default): an engine step that raises, one
+that raises what a GPU's sticky error raises (the engine dies), a tokenizer that raises on marked prompts.
+Each hook is a SchedulerManager argument."""
+import torch
+
+
+def device_fault(step):
+    """What torch raises after an illegal memory access on a GPU (AcceleratorError since torch 2.8)."""
+    kind = getattr(torch, "AcceleratorError", RuntimeError)
+    return kind(f"CUDA error: an illegal memory access was encountered (injected in engine step {step})")
 
 
 def fault_hooks(config):
     """SchedulerManager keyword arguments for the faults the config asks for (none: {})."""
     hooks = {}
-    steps = config.fault_step_numbers()
-    if steps:
+    steps, device_step = config.fault_step_numbers(), config.fault_device_step
+    if steps or device_step:
         def before_step(n, request_ids):
+            if n == device_step:
+                raise device_fault(n)
             if n in steps:
                 raise RuntimeError(f"injected fault in engine step {n}")
         hooks["before_step"] = before_step

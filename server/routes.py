@@ -50,6 +50,8 @@ def health():
         return json_response({"status": "error", "error": str(m.load_error)}, 500)
     if m is None or not m.ready:
         return json_response({"status": "loading"}, 503)
+    if m.dead is not None:
+        return json_response({"status": "dead", "error": str(m.dead)}, 503)
     if state.draining:
         return json_response({"status": "draining"}, 503)
     return json_response({"status": "ok", "worker": state.config.worker_index})

@@ -71,4 +71,5 @@ def run_hf(hf, prompt, steps):
 
 
 def max_abs_diff(ref, ours):
-    return max((a - b).abs().max().item() for r, o in zip(ref, ours) for a, b in zip(r, o))
+    """Compared on the reference's device: on a GPU machine our runner runs on CUDA, Hugging Face's on the CPU."""
+    return max((a - b.to(a.device)).abs().max().item() for r, o in zip(ref, ours) for a, b in zip(r, o))

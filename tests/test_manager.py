@@ -240,6 +240,37 @@ def test_engine_fault_fails_that_step_and_serves_the_next(tiny_llama):
         m.close()
 
 
+def test_a_fatal_device_error_ends_the_engine_and_every_open_request(tiny_llama):
+    """A sticky CUDA error (what torch raises after an illegal memory access: no later step can succeed) is not
+    one failed step: every open request ends with it, new ones are refused (503), on_dead hears of it."""
+    from server.faults import device_fault
+
+    boom, died = {"step": None}, []
+
+    def before_step(n, request_ids):
+        if n == boom["step"]:
+            raise device_fault(n)
+
+    m = make_manager(tiny_llama, before_step=before_step, on_dead=died.append, max_inflight_requests=8)
+    try:
+        streams = [m.stream(m.add_request(f"victim {i}", max_tokens=1000, temperature=0, ignore_eos=True))
+                   for i in range(3)]
+        for stream in streams:
+            next(stream)
+        boom["step"] = m.engine.steps + 2
+        for stream in streams:
+            with pytest.raises(EngineError, match="the device failed: CUDA error: an illegal memory access.*"
+                                                  "this worker restarts"):
+                for _ in stream:
+                    pass
+        assert len(died) == 1 and m.dead is died[0]
+        with pytest.raises(ShutdownError, match="the device failed"):
+            m.add_request("after", max_tokens=2)
+        assert m.inflight == 0
+    finally:
+        m.close()
+
+
 def test_closing_a_stream_early_aborts_and_frees(manager):
     rid = manager.add_request("abandon me", max_tokens=500, temperature=0, ignore_eos=True)
     stream = manager.stream(rid)

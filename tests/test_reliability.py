@@ -195,10 +195,45 @@ def test_engine_and_tokenizer_faults_reach_the_client_and_the_server_keeps_servi
         s.stop()
 
 
-def worker_rss_mb(server):
+def worker_pids(server):
     import subprocess
 
-    pids = subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split()
+    return set(subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split())
+
+
+def test_a_fatal_device_error_fails_open_streams_and_gunicorn_replaces_the_worker(tiny_llama):
+    """A sticky CUDA error (injected: what torch raises after an illegal memory access) ends the engine: the open
+    stream gets it as an error event, the worker ends itself and gunicorn starts a fresh one that serves."""
+    s = Server(tiny_env(tiny_llama, fault_device_step="4"))
+    try:
+        first = worker_pids(s)
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "victim", "max_tokens": 50, "stream": True,
+                                                           "ignore_eos": True}, stream=True, timeout=30)
+        events = [line for line in r.iter_lines() if line]
+        assert events[-1] == b"data: [DONE]"
+        err = json.loads(events[-2][6:])["error"]
+        assert "the device failed: CUDA error: an illegal memory access" in err["message"], err
+        assert "this worker restarts" in err["message"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pids = worker_pids(s)
+            try:
+                healthy = requests.get(s.url + "/health", timeout=2).status_code == 200
+            except requests.RequestException:
+                healthy = False
+            if pids and not pids & first and healthy:
+                break
+            time.sleep(0.2)
+        assert pids and not pids & first, (first, pids)
+        after = requests.post(s.url + "/v1/completions", json={"prompt": "survivor", "max_tokens": 2,
+                                                               "ignore_eos": True}, timeout=30)
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 2
+    finally:
+        s.stop()
+
+
+def worker_rss_mb(server):
+    pids = sorted(worker_pids(server))
     with open(f"/proc/{pids[0]}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 

@@ -3,15 +3,9 @@ other dtypes. Same arguments and results as the compiled flavour (draws agree bu
 boundary)."""
 import torch
 
+from rosefast.engine.device import upload as device_tensor   # per-row values onto the logits' device
+
 _NEG_INF = float("-inf")
-
-
-def device_tensor(values, dtype, device):
-    """Per-row values on `device`: on a GPU through pinned memory, so the copy does not wait for the work
-    still queued there."""
-    if device.type == "cuda" and torch.cuda.is_available():
-        return torch.tensor(values, dtype=dtype).pin_memory().to(device, non_blocking=True)
-    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def argmax(logits):

@@ -1,10 +1,24 @@
-"""CUDA graphs for decode: a ladder of batch sizes, largest captured first, sharing one memory pool.
+"""CUDA graphs for decode, one per (batch size, block-table width), sharing one memory pool.
 
-A decode step of B sequences replays the graph of the smallest captured size >= B, with the inputs
-copied into static buffers; padded rows write into the KV cache's scratch block and are ignored.
-Imported only when the runner is on CUDA.
+A decode step of B sequences whose longest table holds n blocks replays the graph of the smallest captured
+batch size >= B and the smallest width >= n, its inputs copied into static buffers from one pinned host
+buffer; padded rows write into the KV cache's scratch block and are ignored. With a decode kernel that
+follows each row's context length (the Triton kernel) one width serves every step; the torch twin gathers
+the whole width, so its graphs come in a ladder of widths and a step attends over at most twice its
+longest context, not over `max_model_len`. Every batch size is captured at start-up at the first width;
+a wider one is captured the first time a step needs it. Imported only when the runner is on CUDA.
 """
+import logging
+import time
+
 import torch
+
+from rosefast.engine.device import copy_in, host_values
+from rosefast.models import kernels
+
+log = logging.getLogger("rosefast.engine")
+
+SMALLEST_WIDTH = 8     # blocks (128 tokens at block size 16)
 
 
 def ladder(max_batch):
@@ -12,49 +26,85 @@ def ladder(max_batch):
     return sorted({s for s in sizes if s <= max_batch} | {max_batch})
 
 
+def width_ladder(max_blocks, follows_context, smallest=SMALLEST_WIDTH):
+    """Table widths to capture: the whole one when the kernel stops at each context length, else doubling
+    from `smallest` blocks up to `max_blocks`."""
+    if follows_context:
+        return [max_blocks]
+    widths, w = [], smallest
+    while w < max_blocks:
+        widths.append(w)
+        w *= 2
+    return widths + [max_blocks]
+
+
+def pick(ladder_values, needed):
+    """The smallest entry of a sorted ladder >= needed."""
+    return next(v for v in ladder_values if v >= needed)
+
+
 class DecodeGraphs:
     def __init__(self, runner, max_batch):
         self.runner = runner
         self.sizes = ladder(max_batch)
-        width = runner.max_blocks_per_seq
-        dev = runner.device
-        n = self.sizes[-1]
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.long, device=dev)
-        self.slot_mapping = torch.full((n,), runner.kv.scratch_slot, dtype=torch.long, device=dev)
-        self.block_tables = torch.full((n, width), runner.kv.scratch_block, dtype=torch.long, device=dev)
-        self.context_lens = torch.ones(n, dtype=torch.long, device=dev)
+        ops = kernels.for_device(runner.device, runner.dtype)
+        self.widths = width_ladder(runner.max_blocks_per_seq, ops.FOLLOWS_CONTEXT)
+        n, dev = self.sizes[-1], runner.device
+        self.vectors = torch.zeros(4, n, dtype=torch.long, device=dev)   # input ids, positions, slots, context lens
+        self.block_tables = torch.zeros(n, self.widths[-1], dtype=torch.long, device=dev)
         self.graphs, self.outputs = {}, {}
-        pool = torch.cuda.graph_pool_handle()
-        with torch.inference_mode():
-            for size in reversed(self.sizes):   # largest first: the smaller ones fit in its pool
-                args = self._inputs(size)
-                runner.decode_forward(*args)     # warm up (allocator, kernels) outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[size] = runner.decode_forward(*args)
-                self.graphs[size] = graph
-        torch.cuda.synchronize()
+        self.pool = torch.cuda.graph_pool_handle()
+        t = time.perf_counter()
+        for size in reversed(self.sizes):   # largest first: the smaller ones fit in its pool
+            self._capture(size, self.widths[0])
+        log.info("CUDA graphs: %d batch sizes up to %d captured at width %d blocks in %.1f s (%s decode; widths %s)",
+                 len(self.sizes), n, self.widths[0], time.perf_counter() - t, ops.__name__.rsplit(".", 1)[-1],
+                 self.widths)
 
-    def _inputs(self, size):
-        return (self.input_ids[:size], self.positions[:size], self.slot_mapping[:size], self.block_tables[:size],
-                self.context_lens[:size])
+    def _inputs(self, size, width):
+        v = self.vectors[:, :size]
+        return v[0], v[1], v[2], self.block_tables[:size, :width], v[3]
+
+    def _capture(self, size, width):
+        """Capture one graph, its static inputs set to padding first (the warm-up run really writes the KV
+        cache: only into the scratch block then)."""
+        runner = self.runner
+        self.vectors[:2].zero_()
+        self.vectors[2].fill_(runner.kv.scratch_slot)
+        self.vectors[3].fill_(1)
+        self.block_tables.fill_(runner.kv.scratch_block)
+        args = self._inputs(size, width)
+        with torch.inference_mode():
+            runner.decode_forward(*args)     # warm up (allocator, kernels, Triton's compile) outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.outputs[size, width] = runner.decode_forward(*args)
+        torch.cuda.synchronize()
+        self.graphs[size, width] = graph
+        return graph
 
     def fits(self, batch):
         return batch <= self.sizes[-1]
 
+    def key(self, batch, blocks):
+        """The (batch size, width) graph for `batch` rows whose longest table holds `blocks` blocks."""
+        return pick(self.sizes, batch), pick(self.widths, blocks)
+
     def run(self, seqs):
         b = len(seqs)
-        size = next(s for s in self.sizes if s >= b)
-        ids, pos, slots, tables, ctx = self.runner.decode_tensors(seqs, self.block_tables.shape[1])
-        self.input_ids[:b].copy_(ids)
-        self.positions[:b].copy_(pos)
-        self.slot_mapping[:b].copy_(slots)
-        self.slot_mapping[b:size].fill_(self.runner.kv.scratch_slot)
-        self.block_tables[:b].copy_(tables)
-        self.block_tables[b:size].fill_(self.runner.kv.scratch_block)
-        self.context_lens[:b].copy_(ctx)
-        self.context_lens[b:size].fill_(1)
-        self.graphs[size].replay()
-        return self.outputs[size][:b]
+        need = max(len(s.block_table) for s in seqs)
+        size, width = self.key(b, need)
+        graph = self.graphs.get((size, width))
+        if graph is None:
+            t = time.perf_counter()
+            graph = self._capture(size, width)
+            log.info("CUDA graph captured for batch %d x width %d blocks in %.2f s", size, width,
+                     time.perf_counter() - t)
+        runner = self.runner
+        host = host_values(runner.decode_values(seqs, need, size), torch.long, runner.device)
+        # the columns past `need` keep older block ids: valid ones, and past every row's context
+        copy_in(self.vectors[:, :size], host[:4 * size].view(4, size))
+        copy_in(self.block_tables[:b, :need], host[4 * size:].view(b, need))
+        graph.replay()
+        return self.outputs[size, width][:b]

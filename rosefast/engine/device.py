@@ -12,6 +12,22 @@ def cpu_has_fast_bf16():
         return False
 
 
+# what a CUDA error that poisons the context says (torch raises torch.AcceleratorError for them since 2.8)
+_STICKY = ("illegal memory access", "device-side assert", "illegal instruction", "misaligned address",
+           "unspecified launch failure", "an illegal address", "uncorrectable ecc", "cuda error: unknown error")
+
+
+def is_fatal_device_error(exc):
+    """True for a device error after which every later CUDA call fails too (not an out-of-memory, which a
+    smaller step can survive)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    accelerator_error = getattr(torch, "AcceleratorError", ())
+    message = str(exc).lower()
+    return (isinstance(exc, accelerator_error) and "out of memory" not in message) or \
+        ("cuda error" in message and any(s in message for s in _STICKY))
+
+
 def resolve_device(name):
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -29,6 +45,28 @@ def use_device(device):
     graph capture, the graph pool, streams and synchronize act on it and not on cuda:0."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
+
+
+def host_values(values, dtype, device):
+    """A CPU tensor of `values` to copy onto `device`: pinned when that is a GPU, so the copy does not wait
+    for the work already queued there (a pageable copy is staged synchronously)."""
+    host = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    return host.pin_memory() if device.type == "cuda" and torch.cuda.is_available() else host
+
+
+def copy_in(dst, src):
+    """dst <- src (host to device without waiting): the aten op, not Tensor.copy_, whose Python binding takes
+    a device guard of its own that a CPU-only build cannot make for "cuda" (the FakeTensorMode checks of
+    tests/test_cuda_path.py); the CUDA copy kernel takes it anyway."""
+    return torch.ops.aten.copy_.default(dst, src, True)
+
+
+def upload(values, dtype, device):
+    """Host values (a list, or a CPU tensor) as a new tensor on `device`."""
+    if device.type != "cuda":
+        return torch.as_tensor(values, dtype=dtype, device=device)
+    host = host_values(values, dtype, device)
+    return copy_in(torch.empty(host.shape, dtype=dtype, device=device), host)
 
 
 def resolve_dtype(name, device):

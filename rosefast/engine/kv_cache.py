@@ -20,10 +20,8 @@ def bytes_per_token(args, dtype):
     return 2 * args.num_layers * args.num_kv_heads * args.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def available_memory(device):
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return free
+def available_memory():
+    """Available RAM in bytes (the CPU's KV budget is a share of it)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -34,13 +32,47 @@ def available_memory(device):
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def plan_blocks(config, args, dtype, device):
-    """Number of blocks from `kv_cache_tokens`, or from `kv_memory_fraction` of the free memory."""
+def kv_budget_bytes(total, peak, outside, utilization):
+    """GPU bytes left for the KV cache: `utilization` of the `total` memory, less the `peak` torch allocated
+    while the model ran its largest steps (weights included) and what CUDA holds `outside` torch's allocator
+    (the context, library workspaces) — vLLM's gpu_memory_utilization."""
+    budget = int(total * utilization) - peak - outside
+    if budget <= 0:
+        raise ValueError(f"gpu_memory_utilization {utilization} of {total / 2**30:.1f} GiB leaves no room for the KV "
+                         f"cache after {peak / 2**30:.2f} GiB of weights and activations and {outside / 2**30:.2f} "
+                         f"GiB outside torch: raise it, or set kv_cache_tokens")
+    return budget
+
+
+def measure_cuda_budget(device, utilization, profile):
+    """Run `profile()` (the largest prefill and decode steps, on a one-block cache) and size the KV cache from
+    the memory it peaked at."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    profile()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    outside = max(0, (total - free) - torch.cuda.memory_reserved(device))
+    budget = kv_budget_bytes(total, peak, outside, utilization)
+    log.info("GPU memory: %.1f GiB total, %.0f%% for this engine; weights + activations peaked at %.2f GiB, %.2f GiB "
+             "outside torch: %.2f GiB for the KV cache", total / 2**30, utilization * 100, peak / 2**30,
+             outside / 2**30, budget / 2**30)
+    return budget
+
+
+def plan_blocks(config, args, dtype, device, profile=None):
+    """Number of blocks from `kv_cache_tokens`; else on CUDA what gpu_memory_utilization leaves after
+    `profile()`'s peak, on the CPU `kv_memory_fraction` of the available RAM."""
     per_token = bytes_per_token(args, dtype)
     if config.kv_cache_tokens:
         tokens = config.kv_cache_tokens
+    elif device.type == "cuda":
+        tokens = measure_cuda_budget(device, config.gpu_memory_utilization, profile or (lambda: None)) // per_token
     else:
-        tokens = int(available_memory(device) * config.kv_memory_fraction) // per_token
+        tokens = int(available_memory() * config.kv_memory_fraction) // per_token
     blocks = max(1, -(-tokens // config.block_size))
     log.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)", blocks, config.block_size,
              blocks * config.block_size, blocks * config.block_size * per_token / 2**20, dtype)

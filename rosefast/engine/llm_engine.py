@@ -8,12 +8,14 @@ import torch
 
 from rosefast.config import EngineConfig
 from rosefast.engine.block_manager import BlockManager
+from rosefast.engine.device import is_fatal_device_error
 from rosefast.engine.grammar import GrammarError, GrammarMasks, Grammars
 from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence
 from rosefast.engine.stand_in import StandInRunner
+from rosefast.errors import EngineDeadError
 from rosefast.models.sources import STAND_IN, resolve_model
 
 log = logging.getLogger("rosefast.engine")
@@ -174,6 +176,9 @@ class LLMEngine:
                 return StepResult(outputs, [rid for rid, _ in refused], GrammarError(f"grammar: {refused[0][1]}"))
             return StepResult(outputs)
         except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the rest
+            if is_fatal_device_error(e):   # no later step can succeed: the engine thread ends the engine
+                log.critical("engine step %d: the device failed: %r", self.steps, e, exc_info=True)
+                raise EngineDeadError(f"the device failed: {e}") from e
             log.error("engine step %d failed: %r", self.steps, e, exc_info=True)
             failed = [s.request_id for s in scheduled] or list(self.seqs)
             failed += [f for rid in failed if rid in self.seqs for f in self.seqs[rid].fork_ids]

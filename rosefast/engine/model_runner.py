@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rosefast.engine.device import resolve_device, resolve_dtype, use_device
+from rosefast.engine.device import resolve_device, resolve_dtype, upload, use_device
 from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampler import Sampler
 from rosefast.models._kernels_py import GatherWorkspace
@@ -30,11 +30,34 @@ class SeqInput:
 
 
 class ModelRunner:
-    def __init__(self, config, model=None):
+    def __init__(self, config, model=None, *, loaded=None):
+        """Load `model` (or config.model) on the config's device; `loaded`: a (module, ModelArgs, device) built
+        by the caller instead (the FakeTensorMode checks build one on a fake CUDA device)."""
         self.config = config
-        self.device = resolve_device(config.device)
-        use_device(self.device)   # this is the engine thread: every later step runs on it too
-        self.dtype = resolve_dtype(config.dtype, self.device)
+        if loaded is None:
+            self.device = resolve_device(config.device)
+            use_device(self.device)   # this is the engine thread: every later step runs on it too
+            self.dtype = resolve_dtype(config.dtype, self.device)
+            self._load(config, model)
+        else:
+            self.model, self.args, self.device = loaded
+            self.dtype = self.model.embed.weight.dtype
+        self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
+                                 self.args.max_position_embeddings)
+        self.block_size = config.block_size
+        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
+        self.sampler = Sampler(self.args.vocab_size, self.device)
+        self.kv = None
+        self.kv = KVCache(self.args, plan_blocks(config, self.args, self.dtype, self.device, self.profile),
+                          self.block_size, self.dtype, self.device)
+        self.graphs = None
+        if self.device.type == "cuda" and config.cuda_graph and loaded is None:
+            from rosefast.engine.cuda_graph import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, config.max_batch_size)
+
+    def _load(self, config, model):
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         check_mode(config.quantization, self.device)
@@ -46,58 +69,85 @@ class ModelRunner:
             size, count = weight_bytes(self.model)
             log.info("weights: %.1f MB, %.2f bytes per weight (%s, quantization %s)", size / 1e6, size / count,
                      self.dtype, config.quantization)
-        self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
-                                 self.args.max_position_embeddings)
-        self.block_size = config.block_size
-        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
-        self.kv = KVCache(self.args, plan_blocks(config, self.args, self.dtype, self.device), self.block_size,
-                          self.dtype, self.device)
-        self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
-        self.sampler = Sampler(self.args.vocab_size, self.device)
-        self.graphs = None
-        if self.device.type == "cuda" and config.cuda_graph:
-            from rosefast.engine.cuda_graph import DecodeGraphs
 
-            self.graphs = DecodeGraphs(self, config.max_batch_size)
-
-    # -- inputs ------------------------------------------------------------------------------------
-
-    def _tensor(self, values, dtype=torch.long):
-        return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
-
-    def _block_tables(self, seqs, width):
+    def profile(self):
+        """The largest steps the engine can take, once, on a one-block cache (every slot the scratch block's):
+        a whole-budget prefill with every row's logits and their log-softmax (prompt logprobs), and a decode
+        step of max_batch_size rows at the full table width, gathering as a graph would (no workspace). On
+        CUDA their peak memory is what the KV cache leaves room for."""
+        config, saved = self.config, self.kv
+        self.kv = KVCache(self.args, 1, self.block_size, self.dtype, self.device)
         scratch = self.kv.scratch_block
-        return self._tensor([s.block_table + [scratch] * (width - len(s.block_table)) for s in seqs])
+        try:
+            with torch.inference_mode():
+                n = min(config.max_num_batched_tokens, self.max_model_len)
+                logits = self.forward([SeqInput([0] * n, 0, [scratch] * -(-n // self.block_size))], True,
+                                      all_logits=True)
+                torch.log_softmax(logits.float(), dim=-1)
+                del logits
+                rows = [SeqInput([0], self.max_model_len - 1, [scratch] * self.max_blocks_per_seq)]
+                self.decode_forward(*self.decode_tensors(rows * config.max_batch_size, self.max_blocks_per_seq))
+        finally:
+            self.kv = saved
+
+    # -- inputs: each step's integers go to the device in one copy (pinned on a GPU), then are viewed --------
 
     def _slots(self, seq, positions):
         bs, table = self.block_size, seq.block_table
         return [table[p // bs] * bs + p % bs for p in positions]
 
-    def prepare_prefill(self, seqs):
-        ids, positions, slots, query_lens, context_lens = [], [], [], [], []
+    def _tables(self, seqs, width):
+        """The block tables as one flat list, each padded to `width` with the scratch block."""
+        scratch, flat = self.kv.scratch_block, []
         for s in seqs:
-            pos = range(s.start, s.start + len(s.token_ids))
+            flat += s.block_table
+            flat += [scratch] * (width - len(s.block_table))
+        return flat
+
+    def prepare_prefill(self, seqs, all_logits=False):
+        """(input ids [T], positions [T], metadata, the hidden rows to keep [R] or None for all)."""
+        ids, positions, slots, query_lens, context_lens, rows = [], [], [], [], [], []
+        for i, s in enumerate(seqs):
+            n = len(s.token_ids)
+            pos = range(s.start, s.start + n)
+            if all_logits is not True:
+                rows += range(len(ids), len(ids) + n) if all_logits and i in all_logits else (len(ids) + n - 1,)
             ids += s.token_ids
             positions += pos
             slots += self._slots(s, pos)
-            query_lens.append(len(s.token_ids))
-            context_lens.append(s.start + len(s.token_ids))
+            query_lens.append(n)
+            context_lens.append(s.start + n)
         width = max(len(s.block_table) for s in seqs)
-        meta = AttentionMetadata(True, self._tensor(slots), self._block_tables(seqs, width), query_lens, context_lens)
-        return self._tensor(ids), self._tensor(positions), meta
+        T, R = len(ids), len(rows)
+        flat = upload(ids + positions + slots + rows + self._tables(seqs, width), torch.long, self.device)
+        meta = AttentionMetadata(True, flat[2 * T:3 * T], flat[3 * T + R:].view(len(seqs), width), query_lens,
+                                 context_lens)
+        return flat[:T], flat[T:2 * T], meta, (flat[3 * T:3 * T + R] if R else None)
+
+    def decode_values(self, seqs, width, size=None):
+        """A decode step's integers as one flat list: input ids, positions, slots and context lengths, each
+        padded to `size` rows (padding: token 0 at position 0 writing the scratch slot, context 1), then
+        the sequences' block tables at `width`."""
+        pad = (size or len(seqs)) - len(seqs)
+        positions = [s.start for s in seqs]
+        slots = [s.block_table[p // self.block_size] * self.block_size + p % self.block_size
+                 for s, p in zip(seqs, positions)]
+        return ([s.token_ids[-1] for s in seqs] + [0] * pad + positions + [0] * pad +
+                slots + [self.kv.scratch_slot] * pad + [p + 1 for p in positions] + [1] * pad +
+                self._tables(seqs, width))
 
     def decode_tensors(self, seqs, width):
-        positions = [s.start for s in seqs]
-        slots = [self._slots(s, (s.start,))[0] for s in seqs]
-        return (self._tensor([s.token_ids[-1] for s in seqs]), self._tensor(positions), self._tensor(slots),
-                self._block_tables(seqs, width), self._tensor([p + 1 for p in positions]))
+        """(input ids, positions, slots, block tables [B, width], context lengths) on the device."""
+        b = len(seqs)
+        flat = upload(self.decode_values(seqs, width), torch.long, self.device)
+        return flat[:b], flat[b:2 * b], flat[2 * b:3 * b], flat[4 * b:].view(b, width), flat[3 * b:4 * b]
 
     # -- forward -----------------------------------------------------------------------------------
 
-    def decode_forward(self, input_ids, positions, slot_mapping, block_tables, context_lens):
-        """Hidden states [B, hidden] for one decode step; everything it does is capturable in a CUDA graph."""
-        meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens=context_lens,
-                                 workspace=self.workspace)
+    def decode_forward(self, input_ids, positions, slot_mapping, block_tables, context_lens, workspace=None):
+        """Hidden states [B, hidden] for one decode step; everything it does is capturable in a CUDA graph
+        (the graphs pass no workspace: their gather buffers come from the graph's own pool)."""
+        meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens=context_lens, workspace=workspace)
         return self.model(input_ids, positions, meta, self.kv.layers)
 
     @torch.inference_mode()
@@ -107,17 +157,13 @@ class ModelRunner:
         `all_logits` (True, or a set of sequence indices) gives those sequences a row for every new token
         instead: the rows come in sequence order, all of a chosen sequence's, else its last one."""
         if is_prefill:
-            input_ids, positions, meta = self.prepare_prefill(seqs)
+            input_ids, positions, meta, rows = self.prepare_prefill(seqs, all_logits)
             hidden = self.model(input_ids, positions, meta, self.kv.layers)
-            if all_logits is not True:
-                rows, start = [], 0
-                for i, n in enumerate(meta.query_lens):
-                    rows += range(start, start + n) if all_logits and i in all_logits else (start + n - 1,)
-                    start += n
-                hidden = hidden.index_select(0, self._tensor(rows))
+            if rows is not None:
+                hidden = hidden.index_select(0, rows)
         elif self.graphs is not None and self.graphs.fits(len(seqs)):
             hidden = self.graphs.run(seqs)
         else:
             width = max(len(s.block_table) for s in seqs)
-            hidden = self.decode_forward(*self.decode_tensors(seqs, width))
+            hidden = self.decode_forward(*self.decode_tensors(seqs, width), workspace=self.workspace)
         return self.model.logits(hidden)

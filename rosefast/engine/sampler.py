@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from rosefast.engine import sample_ops
+from rosefast.engine.device import upload
 
 _NEG_INF = float("-inf")
 _MASK32 = 0xFFFFFFFF
@@ -81,9 +82,8 @@ class PenaltyState:
             row = self._slots.get(seq.request_id)
             if row is None:
                 row = self._slots[seq.request_id] = self._new_row()
-                prompt = torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.long, device=self.device)
-                outputs = torch.tensor(seq.token_ids[seq.num_prompt_tokens:], dtype=torch.long, device=self.device)
-                seen = torch.cat((prompt, outputs))
+                seen = upload(seq.token_ids, torch.long, self.device)          # prompt, then output tokens
+                outputs = seen[seq.num_prompt_tokens:]
                 self.seen[row].index_put_((seen,), torch.ones_like(seen, dtype=torch.bool))
                 self.counts[row].index_add_(0, outputs, torch.ones_like(outputs, dtype=torch.int32))
             out.append(row)
@@ -122,7 +122,7 @@ class Sampler:
         self.penalties.release(request_id)
 
     def _tensor(self, values, dtype):
-        return sample_ops.reference.device_tensor(values, dtype, self.device)
+        return upload(values, dtype, self.device)
 
     # -- 1. logit processing -----------------------------------------------------------------------------
 
@@ -165,7 +165,7 @@ class Sampler:
                          torch.tensor(_NEG_INF, device=x.device))
         if allowed is not None:
             rows, bitmask = allowed
-            sample_ops.for_tensor(x).mask(x, rows.to(x.device), bitmask.to(x.device, non_blocking=True))
+            sample_ops.for_tensor(x).mask(x, upload(rows, torch.long, x.device), upload(bitmask, torch.int32, x.device))
         return state_rows
 
     # -- the whole pass ----------------------------------------------------------------------------------

@@ -30,6 +30,8 @@ cdef extern from "decode_kernels.h" nogil:
     void rf_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)
     void rf_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t n)
 
+FOLLOWS_CONTEXT = True     # decode reads each row's blocks in place, up to its context length
+
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
 cdef object I64 = torch.int64

@@ -12,6 +12,8 @@ metadata), or into fresh buffers when there is none.
 import torch
 import torch.nn.functional as F
 
+FOLLOWS_CONTEXT = False    # decode gathers the whole width of the block table (masked past each context)
+
 
 def rms_norm(x, weight, eps, residual=None):
     if residual is not None:

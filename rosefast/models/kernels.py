@@ -4,9 +4,13 @@
     h = ops.rms_norm(x, weight, eps, residual)
 
 The compiled flavour (_kernels_c, C in csrc/decode_kernels.h) reads the paged pools in place and runs
-each op as one call with the GIL released; the torch twin (_kernels_py) is the reference, the CUDA path
-and what ROSEFAST_NO_EXTENSIONS=1 selects. Both take and return the same tensors.
+each op as one call with the GIL released; the torch twin (_kernels_py) is the reference and what
+ROSEFAST_NO_EXTENSIONS=1 selects. On CUDA: the twin with a Triton decode attention (_kernels_triton) when
+Triton imports and ROSEFAST_TRITON is not 0, else the twin. All take and return the same tensors;
+`FOLLOWS_CONTEXT` says whether a flavour's decode reads a padded block table only up to each context.
 """
+import os
+
 import torch
 
 from rosefast._select import select
@@ -16,11 +20,33 @@ _impl = select("kernels", package="rosefast.models")
 _COMPILED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def for_tensor(x):
-    """The flavour that runs on x's device and dtype."""
-    if _impl is not reference and x.is_cpu and x.dtype in _COMPILED_DTYPES:
+_cuda = []
+
+
+def cuda_flavour():
+    if not _cuda:
+        flavour = reference
+        if os.environ.get("ROSEFAST_TRITON", "1").strip() != "0":
+            try:
+                from rosefast.models import _kernels_triton as flavour
+            except ImportError:
+                pass
+        _cuda.append(flavour)
+    return _cuda[0]
+
+
+def for_device(device, dtype):
+    """The flavour that runs on this device and dtype."""
+    if device.type == "cuda":
+        return cuda_flavour()
+    if _impl is not reference and device.type == "cpu" and dtype in _COMPILED_DTYPES:
         return _impl
     return reference
 
 
-__all__ = ["for_tensor", "reference"]
+def for_tensor(x):
+    """The flavour that runs on x's device and dtype."""
+    return for_device(x.device, x.dtype)
+
+
+__all__ = ["cuda_flavour", "for_device", "for_tensor", "reference"]

@@ -1,0 +1,192 @@
+"""The CUDA path checked on a CPU: one prefill and one decode step of the runner and its sampler under
+FakeTensorMode on a "cuda" device (tests/fake_cuda.py): every tensor of the step on the GPU, no host sync but
+the copy of the sampled ids; the width buckets of the decode graphs; the Triton decode kernel against the
+torch twin under TRITON_INTERPRET=1."""
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import traceback
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rosefast.config import EngineConfig
+from rosefast.engine.cuda_graph import ladder, pick, width_ladder
+from rosefast.engine.model_runner import ModelRunner, SeqInput
+from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sequence import Sequence
+from rosefast.models import kernels
+from rosefast.models.loader import load_model
+from tests import fake_cuda
+
+HOST_STAGING = {"aten.lift_fresh.default", "aten.lift_fresh_copy.default", "aten.detach.default",
+                "aten.detach_.default", "aten._to_copy.default"}   # building a step's host values, before their one copy in
+
+
+class OpDevices(TorchDispatchMode):
+    """Records each op that made a CPU tensor of more than one element, beyond staging host values."""
+
+    def __init__(self):
+        super().__init__()
+        self.cpu_ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if str(func) not in HOST_STAGING and any(isinstance(t, torch.Tensor) and t.device.type == "cpu" and
+                                                 t.numel() > 1 for t in outs):
+            self.cpu_ops.append(str(func))
+        return out
+
+
+@pytest.fixture(params=["twin", "triton"])
+def cuda_flavour(request, monkeypatch):
+    if request.param == "triton":
+        pytest.importorskip("triton")
+        flavour = importlib.import_module("rosefast.models._kernels_triton")
+    else:
+        flavour = kernels.reference
+    monkeypatch.setattr(kernels, "_cuda", [flavour])
+    return flavour
+
+
+def fake_runner(model, mode, **kw):
+    module, args = load_model(model, torch.bfloat16, "cpu")
+    fake_cuda.to_fake_cuda(module, mode)
+    config = EngineConfig(model=model, dtype="bfloat16", device="cuda", kv_cache_tokens=256, max_batch_size=8, **kw)
+    with mode:
+        return ModelRunner(config, loaded=(module, args, torch.device("cuda")))
+
+
+PARAMS = [SamplingParams(temperature=0),
+          SamplingParams(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05, seed=3, logprobs=2),
+          SamplingParams(temperature=0, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.2,
+                         logit_bias={7: -100}, min_tokens=2),
+          SamplingParams(temperature=1.0, top_p=0.5)]
+
+
+def sample_until_the_host_copy(runner, logits, seqs, allowed=None):
+    """The sampler's pass on fake tensors must get as far as its one host copy (the ids) and stop there."""
+    with pytest.raises(DataDependentOutputException) as e:
+        runner.sampler(logits, seqs, allowed)
+    frames = [f for f in traceback.extract_tb(e.value.__traceback__) if f.filename.endswith("sampler.py")]
+    assert ".tolist()" in frames[-1].line, frames[-1]
+
+
+def test_a_prefill_and_a_decode_step_stay_on_the_gpu_without_host_syncs(tiny_llama, cuda_flavour):
+    fake_cuda.enable()
+    mode = FakeTensorMode()
+    runner = fake_runner(tiny_llama, mode)
+    prompts = [[1, 2, 3, 4, 5], list(range(10, 40)), [7]]
+    tables = [[0], [1, 2], [3]]
+    seqs = [Sequence(i, p, PARAMS[i], (0,), seed=i) for i, p in enumerate(prompts)]
+    with mode:   # a grammar's mask row, made on the host (outside the step)
+        bitmask, masked_rows = torch.zeros(1, -(-runner.args.vocab_size // 32), dtype=torch.int32), torch.tensor([2])
+    watch = OpDevices()
+    with mode, watch:
+        logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)], True)
+        assert logits.device.type == "cuda" and tuple(logits.shape) == (3, runner.args.vocab_size)
+        everything = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)], True,
+                                    all_logits={1})
+        assert tuple(everything.shape) == (1 + 30 + 1, runner.args.vocab_size)
+        sample_until_the_host_copy(runner, logits, seqs, (masked_rows, bitmask))
+        # a later chunk of a prompt (attends to the cached part) and a decode step of all three
+        chunk = runner.forward([SeqInput(list(range(40, 50)), 30, [1, 2, 4])], True)
+        assert chunk.device.type == "cuda"
+        decode = [SeqInput([9], len(p), t) for p, t in zip(prompts, tables)]
+        step = runner.forward(decode, False)
+        assert step.device.type == "cuda" and tuple(step.shape) == (3, runner.args.vocab_size)
+        sample_until_the_host_copy(runner, step, seqs)
+        assert runner.kv.data.device.type == "cuda"
+    assert watch.cpu_ops == [], f"ops computed on the CPU during the step: {sorted(set(watch.cpu_ops))}"
+
+
+def test_the_memory_profile_runs_the_largest_steps_on_the_gpu(tiny_llama, cuda_flavour):
+    """On CUDA the KV budget is what gpu_memory_utilization leaves after these steps' peak: they must run there
+    (on a one-block cache), and leave the real cache in place."""
+    fake_cuda.enable()
+    mode = FakeTensorMode()
+    runner = fake_runner(tiny_llama, mode, max_num_batched_tokens=64, max_model_len=96)
+    kv = runner.kv
+    watch = OpDevices()
+    with mode, watch:
+        runner.profile()
+    assert runner.kv is kv and watch.cpu_ops == []
+
+
+def test_the_kv_budget_is_a_share_of_total_gpu_memory_after_the_peak():
+    from rosefast.engine.kv_cache import kv_budget_bytes
+
+    gib = 2**30
+    assert kv_budget_bytes(140 * gib, 3 * gib, gib // 2, 0.85) == int(140 * gib * 0.85) - 3 * gib - gib // 2
+    with pytest.raises(ValueError, match="gpu_memory_utilization 0.1 of 8.0 GiB leaves no room .* set kv_cache_tokens"):
+        kv_budget_bytes(8 * gib, gib, 0, 0.1)
+    with pytest.raises(ValueError, match="gpu_memory_utilization must be in"):
+        EngineConfig(gpu_memory_utilization=1.5)
+
+
+def test_the_check_catches_a_cpu_tensor_and_a_host_sync(tiny_llama, monkeypatch):
+    """The harness itself: a step that mixes in a CPU tensor, or reads a value on the host, fails under it."""
+    fake_cuda.enable()
+    monkeypatch.setattr(kernels, "_cuda", [kernels.reference])
+    mode = FakeTensorMode()
+    runner = fake_runner(tiny_llama, mode)
+    seqs = [SeqInput([1, 2, 3], 0, [0])]
+    with mode:
+        ids, positions, meta, rows = runner.prepare_prefill(seqs)
+        with pytest.raises(Exception, match="device"):
+            runner.model(ids.cpu(), positions, meta, runner.kv.layers)
+        with pytest.raises(DataDependentOutputException):
+            runner.model(ids, positions, meta, runner.kv.layers).sum().item()
+
+
+# -- the decode graphs' buckets (their capture needs a GPU) ----------------------------------------------
+
+def test_graph_batch_and_width_ladders():
+    assert ladder(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert ladder(3) == [1, 2, 3]
+    assert width_ladder(512, follows_context=False) == [8, 16, 32, 64, 128, 256, 512]
+    assert width_ladder(100, follows_context=False) == [8, 16, 32, 64, 100]
+    assert width_ladder(5, follows_context=False) == [5]
+    assert width_ladder(512, follows_context=True) == [512]
+    widths = width_ladder(512, follows_context=False)
+    for need in range(1, 513):   # a step never attends over more than twice its longest table
+        w = pick(widths, need)
+        assert need <= w <= max(2 * need, widths[0])
+    assert pick(ladder(40), 17) == 32 and pick(ladder(40), 33) == 40
+
+
+def test_decode_values_pad_rows_to_the_scratch_block(tiny_llama):
+    runner = ModelRunner(EngineConfig(model=tiny_llama, dtype="float32", device="cpu", kv_cache_tokens=256))
+    seqs = [SeqInput([5], 20, [3, 7]), SeqInput([6], 3, [1])]
+    flat = runner.decode_values(seqs, 3, size=4)
+    scratch, sslot = runner.kv.scratch_block, runner.kv.scratch_slot
+    bs = runner.block_size
+    assert flat[:4] == [5, 6, 0, 0]                                  # input ids
+    assert flat[4:8] == [20, 3, 0, 0]                                # positions
+    assert flat[8:12] == [7 * bs + 20 - bs, 1 * bs + 3, sslot, sslot]   # where each new K/V goes
+    assert flat[12:16] == [21, 4, 1, 1]                              # context lengths
+    assert flat[16:] == [3, 7, scratch, 1, scratch, scratch]         # the real rows' tables at width 3
+    ids, pos, slots, tables, ctx = runner.decode_tensors(seqs, 2)
+    assert tables.tolist() == [[3, 7], [1, scratch]] and ctx.tolist() == [21, 4] and slots.tolist() == flat[8:10]
+
+
+# -- the Triton decode kernel against the twin (Triton's interpreter, on CPU tensors) ----------------------
+
+def test_triton_decode_attention_equals_the_twin():
+    """In a fresh interpreter: TRITON_INTERPRET must be set before Triton is first imported."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "tests.triton_decode_check"], env=env, capture_output=True,
+                          text=True, timeout=300, cwd=pathlib.Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(cases) == 6
+    for case in cases:
+        tol = 1e-5 if case["dtype"] == "float32" else 2e-2     # bf16: the output's own rounding
+        assert case["max_abs_diff"] < tol, case
