@@ -1,6 +1,7 @@
 """Quantized linears (ROSEFAST_QUANTIZATION), one run: decode tok/s at 1, 8 and 32 concurrent requests for
-none / int8 / int4, the lm_head quantized or not, each beside the floor that reading its weights once per
-step at this machine's measured memory bandwidth allows.
+none / int8 / int4, the lm_head as loaded or quantized (int8, int4), each beside the floor that reading its
+weights once per step at this machine's measured memory bandwidth allows, and one batch-1 decode step's
+time at a 64-token context (the steadier measure on a shared machine: the best of --step-runs x 10 steps).
 
     python -m benches.quantized --tokens 64
 """
@@ -13,6 +14,7 @@ from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
 from rosefast.models import resolve_model
 from rosefast.models.quant import Int4Linear, Int8Linear
+from benches.decode_step import ours_step, timed
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
 
@@ -60,23 +62,26 @@ def main(argv=None):
     p.add_argument("--dtype", default="auto")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--concurrent", default="1,8,32")
+    p.add_argument("--step-runs", type=int, default=3)
     a = p.parse_args(argv)
     levels = [int(c) for c in a.concurrent.split(",")]
     bw = bandwidth_gb_s()
     print(f"read bandwidth {bw:.1f} GB/s; {a.tokens} greedy tokens per request; dtype {a.dtype}; "
           f"{torch.get_num_threads()} threads")
-    print("| quantization | lm_head | MB read per step | floor tok/s at c=1 | " +
+    print("| quantization | lm_head | MB read per step | floor tok/s at c=1 | B=1 step ms | " +
           " | ".join(f"c={c} tok/s" for c in levels) + " |")
-    print("|---|---|---|---|" + "---|" * len(levels))
+    print("|---|---|---|---|---|" + "---|" * len(levels))
     rows = []
     for mode in ("none", "int8", "int4"):
-        for head in ((False,) if mode == "none" else (False, True)):
+        for head in {"none": ("none",), "int8": ("none", "int8"), "int4": ("none", "int8", "int4")}[mode]:
             engine = LLMEngine(model=resolve_model(a.model), dtype=a.dtype, kv_cache_tokens=8192, quantization=mode,
                                quantize_lm_head=head)
             size = step_bytes(engine.runner.model)
+            step = min(timed(ours_step(engine.runner, 1, 64), 10) for _ in range(a.step_runs))
             rates = [tok_s(engine, c, a.tokens) for c in levels]
-            rows.append((mode, head, size, rates))
-            print(f"| {mode} | {'quantized' if head else 'as loaded'} | {size / 1e6:.0f} | {bw * 1e9 / size:.0f} | " +
+            rows.append((mode, head, size, rates, step))
+            print(f"| {mode} | {head if head != 'none' else 'as loaded'} | {size / 1e6:.0f} | {bw * 1e9 / size:.0f} | "
+                  f"{step:.1f} | " +
                   " | ".join(f"{r:.1f}" for r in rates) + " |", flush=True)
     return rows
 

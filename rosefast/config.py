@@ -2,6 +2,9 @@
 from dataclasses import dataclass, fields
 
 
+HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
+
+
 @dataclass
 class EngineConfig:
     model: str = "smollm2-135m"        # smollm2-135m, a Hugging Face directory, a .gguf path, or stand-in
@@ -24,7 +27,8 @@ class EngineConfig:
     stand_in_step_ms: float = 0.0      # model "stand-in" (no forward pass): how long each step takes
     quantization: str = "none"         # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quant);
                                        # auto: int4 for a GGUF whose linears are Q4_1, on CPU; else none
-    quantize_lm_head: bool = False     # quantize the lm_head too (int8 / int4 as above)
+    quantize_lm_head: str = "auto"     # the lm_head's: none, int8, int4; true: as the linears; auto: int8 when
+                                       # the linears are quantized, else none (rosefast.models.quant.head_mode)
 
     def __post_init__(self):
         for name in ("block_size", "max_batch_size", "prefill_max_batch_size", "max_num_batched_tokens"):
@@ -44,6 +48,13 @@ class EngineConfig:
         if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
                 or not 0 < self.gpu_memory_utilization <= 0.98:
             raise ValueError(f"gpu_memory_utilization must be in (0, 0.98], got {self.gpu_memory_utilization!r}")
+        if isinstance(self.quantize_lm_head, bool):
+            self.quantize_lm_head = "true" if self.quantize_lm_head else "none"
+        self.quantize_lm_head = HEAD_ALIASES.get(str(self.quantize_lm_head).strip().lower(),
+                                                 str(self.quantize_lm_head).strip().lower())
+        if self.quantize_lm_head not in ("none", "int8", "int4", "auto", "true"):
+            raise ValueError(f"quantize_lm_head must be one of none, int8, int4, auto, true; "
+                             f"got {self.quantize_lm_head!r}")
         if self.quantization not in ("none", "int8", "int4", "auto"):
             raise ValueError(f"quantization must be one of none, int8, int4, auto; got {self.quantization!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

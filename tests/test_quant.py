@@ -13,7 +13,7 @@ from rosefast.models.args import load_model_args
 from rosefast.models.llama import llama_state_dict
 from rosefast.models.loader import read_hf_state_dict
 from rosefast.models.quant import (GROUP, Int4Linear, Int8Linear, check_mode, dequantize_q4_1, gguf_q4_1_layers,
-                                   quantize_int8, quantize_q4_1, unpack_q4_1, weight_bytes)
+                                   head_mode, quantize_int8, quantize_q4_1, unpack_q4_1, weight_bytes)
 from rosefast.models.sources import gguf_source
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
@@ -75,17 +75,18 @@ def test_quantized_linears_equal_f_linear_on_their_dequantized_weights(n, k, bat
 def test_the_int4_engine_follows_the_unquantized_one(default_model):
     ids = None
     runs = {}
-    for mode in ("none", "int4", "int8"):
-        engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, quantization=mode)
+    for mode, head in (("none", "none"), ("int4", "none"), ("int4", "int8"), ("int8", "none")):
+        engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, quantization=mode,
+                           quantize_lm_head=head)
         ids = engine.tokenizer(TEXT).input_ids
         greedy = engine.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
                                  use_tqdm=False)
         scored = engine.generate([ids], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0),
                                  use_tqdm=False)[0]
-        runs[mode] = ([o["token_ids"] for o in greedy], [c for c, _ in scored["prompt_logprobs"][1:]],
-                      weight_bytes(engine.runner.model))
-    base_tokens, base_lp, (base_bytes, count) = runs["none"]
-    for mode, bound in (("int4", 0.01), ("int8", 0.03)):
+        runs[mode, head] = ([o["token_ids"] for o in greedy], [c for c, _ in scored["prompt_logprobs"][1:]],
+                            weight_bytes(engine.runner.model))
+    base_tokens, base_lp, (base_bytes, count) = runs["none", "none"]
+    for mode, bound in ((("int4", "none"), 0.01), (("int4", "int8"), 0.02), (("int8", "none"), 0.03)):
         tokens, lp, (size, _) = runs[mode]
         first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(base_tokens, tokens)]
         agreement = sum(first) / sum(len(x) for x in base_tokens)
@@ -108,11 +109,12 @@ def test_bad_modes_and_devices_are_refused_by_name():
 def test_a_directory_is_quantized_at_load_and_the_benchmark_runs(tiny_llama, capsys):
     from benches import quantized
 
-    rows = quantized.main(["--model", str(tiny_llama.path), "--tokens", "2", "--concurrent", "1", "--dtype", "float32"])
-    assert [(mode, head) for mode, head, _, _ in rows] == [("none", False), ("int8", False), ("int8", True),
-                                                          ("int4", False), ("int4", True)]
-    assert all(rates[0] > 0 for *_, rates in rows) and rows[3][2] < rows[0][2]
-    assert "| int4 | quantized |" in capsys.readouterr().out
+    rows = quantized.main(["--model", str(tiny_llama.path), "--tokens", "2", "--concurrent", "1", "--dtype", "float32",
+                           "--step-runs", "1"])
+    assert [(mode, head) for mode, head, *_ in rows] == [("none", "none"), ("int8", "none"), ("int8", "int8"),
+                                                          ("int4", "none"), ("int4", "int8"), ("int4", "int4")]
+    assert all(rates[0] > 0 and step > 0 for *_, rates, step in rows) and rows[3][2] < rows[0][2]
+    assert "| int4 | int4 |" in capsys.readouterr().out
 
 
 def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, tiny_llama):
@@ -122,3 +124,16 @@ def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, ti
     for model, want in ((default_model, True), (tiny_llama, False)):
         engine = LLMEngine(model=model, dtype="float32", kv_cache_tokens=1024, quantization="auto")
         assert any(isinstance(m, Int4Linear) for m in engine.runner.model.modules()) is want
+        # the head follows: int8 under quantized linears (auto), as loaded otherwise
+        assert isinstance(engine.runner.model.lm_head, Int8Linear) is want
+
+
+def test_the_lm_head_setting():
+    assert [head_mode(setting, linears) for setting, linears in (
+        ("auto", "int4"), ("auto", "int8"), ("auto", "none"), ("true", "int4"), ("none", "int4"), ("int4", "int8"))] \
+        == ["int8", "int8", "none", "int4", "none", "int4"]
+    assert EngineConfig(quantize_lm_head=True).quantize_lm_head == "true"
+    assert EngineConfig(quantize_lm_head=False).quantize_lm_head == "none"
+    assert EngineConfig(quantize_lm_head="Off").quantize_lm_head == "none"   # the env's boolean spellings
+    with pytest.raises(ValueError, match="quantize_lm_head must be one of none, int8, int4, auto, true"):
+        EngineConfig(quantize_lm_head="int3")

@@ -8,7 +8,7 @@ import torch
 
 from rosefast.config import EngineConfig
 from rosefast.engine.block_manager import BlockManager
-from rosefast.engine.device import is_fatal_device_error
+from rosefast.engine.device import is_fatal_device_error, upload
 from rosefast.engine.grammar import GrammarError, GrammarMasks, Grammars
 from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams
@@ -45,14 +45,15 @@ class LLMEngine:
     """The engine the serving layer drives, one `step()` at a time, on one thread.
 
     `before_step(step_number, request_ids)`, when given, runs after scheduling and before the forward
-    pass (fault injection, profiler ranges); an exception from it fails that step's requests.
+    pass (fault injection, profiler ranges); an exception from it fails that step's requests. `runner`: one
+    the caller built (the FakeTensorMode checks of the CUDA path), instead of loading the config's model.
     """
 
-    def __init__(self, config=None, *, before_step=None, **kwargs):
+    def __init__(self, config=None, *, before_step=None, runner=None, **kwargs):
         self.config = config or EngineConfig.from_kwargs(**kwargs)
         self.model = resolve_model(self.config.model)   # the config keeps the spec it was given
-        self.runner = StandInRunner(self.config, self.model) if self.model.source == STAND_IN \
-            else ModelRunner(self.config, self.model)
+        self.runner = runner or (StandInRunner(self.config, self.model) if self.model.source == STAND_IN
+                                 else ModelRunner(self.config, self.model))
         self.args = self.runner.args
         self.max_model_len = self.runner.max_model_len
         self.block_manager = BlockManager(self.runner.kv.num_blocks, self.config.block_size,
@@ -204,7 +205,7 @@ class LLMEngine:
         if not sampling:
             return []
         if len(sampling) < len(step.seqs):   # a chunked prefill in the step: only the finished rows sample
-            logits = logits[sampling]
+            logits = self._rows(logits, sampling)
         seqs = [step.seqs[i] for i in sampling]
         rows = list(range(len(seqs)))        # a forking sequence's logits row serves its choices too
         for j, seq in enumerate(list(seqs)):
@@ -213,7 +214,7 @@ class LLMEngine:
                 rows += [j] * len(children)
                 seqs += children
         if len(rows) > len(sampling):
-            logits = logits[rows]
+            logits = self._rows(logits, rows)
         allowed = self._allowed(masks, rows) if masks is not None else None
         sampled = self.runner.sampler(logits, seqs, allowed)
         outputs = []
@@ -271,7 +272,7 @@ class LLMEngine:
             start += count
         if rows:
             k = max(step.seqs[i].params.prompt_logprobs for i in full)
-            entries = iter(self.runner.sampler.prompt_logprobs(logits[rows], targets, k))
+            entries = iter(self.runner.sampler.prompt_logprobs(self._rows(logits, rows), targets, k))
             for i in sorted(full):
                 seq = step.seqs[i]
                 n = min(step.chunks[i], seq.num_prompt_tokens - 1 - seq.num_cached)
@@ -279,7 +280,12 @@ class LLMEngine:
                 for _ in range(max(n, 0)):
                     chosen, top = next(entries)
                     seq.prompt_logprobs.append((chosen, top[:want]))
-        return logits[last]
+        return self._rows(logits, last)
+
+    @staticmethod
+    def _rows(logits, rows):
+        """These rows of the logits (indices go to the device in one pinned copy, not as a list's implicit one)."""
+        return logits.index_select(0, upload(rows, torch.long, logits.device))
 
     def _fork(self, parent):
         """The parent's other choices, as running sequences sharing its prompt's blocks (a choice that gets no

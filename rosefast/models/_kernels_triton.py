@@ -1,17 +1,22 @@
-"""A layer's small ops on CUDA: the torch twin's, but paged decode attention is a Triton kernel.
+"""A layer's small ops on CUDA: the torch twin's, but paged attention is two Triton kernels.
 
-The kernel reads each sequence's blocks through its block table only up to its context length (so a
-table padded to any width costs nothing), one program per (sequence, KV head) holding that head's group of
-query heads, with an online softmax over 64-token tiles; scores and the softmax are fp32 whatever the
-cache's dtype. It is a torch custom op with a fake implementation, so FakeTensorMode (the CPU-side checks
-of the CUDA path) traces through it, and TRITON_INTERPRET=1 runs it on CPU tensors (its tests against the
-twin). Importing this module needs Triton, which ships with torch's CUDA builds.
+Decode reads each sequence's blocks through its block table only up to its context length (so a table
+padded to any width costs nothing), one program per (sequence, KV head) holding that head's group of query
+heads. Prefill is one launch for the whole step, no loop over its sequences: a program per (16-query tile
+of one sequence, head) attends causally over the sequence's context in the pools (the chunk's own K/V
+stored there first by store_kv, a cached prefix or earlier chunks read in place). Both keep an online
+softmax over 64-token tiles with fp32 scores whatever the cache's dtype. They are torch custom ops with
+fake implementations, so FakeTensorMode (the CPU-side checks of the CUDA path) traces through them, and
+TRITON_INTERPRET=1 runs them on CPU tensors (their tests against the twins). Importing this module needs
+Triton, which ships with torch's CUDA builds.
 """
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from rosefast.engine.device import upload
 
 from rosefast.models._kernels_py import decode_shapes, rms_norm, silu_mul, store_kv  # noqa: F401 (the flavour's API)
 
@@ -93,6 +98,116 @@ def _(qkv, k_cache, v_cache, block_tables, context_lens, num_heads, num_kv_heads
     if len({t.device for t in tensors}) != 1:
         raise RuntimeError(f"paged_decode_attention: tensors on {[str(t.device) for t in tensors]}")
     return qkv.new_empty(qkv.shape[0], num_heads * k_cache.shape[-1])
+
+
+@triton.jit
+def _paged_prefill(qkv, k_pool, v_pool, tables, tile_seq, tile_start, seq_info, out, stride_qkv, stride_table,
+                   stride_head, stride_out, scale, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                   DP: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr,
+                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    seq = tl.load(tile_seq + tile)
+    m0 = tl.load(tile_start + tile)                     # the tile's first query, counted in its sequence's chunk
+    first = tl.load(seq_info + 3 * seq)                 # the chunk's first row in the step's packed tokens
+    qlen = tl.load(seq_info + 3 * seq + 1)
+    ctx = tl.load(seq_info + 3 * seq + 2)               # the sequence's tokens in the cache after this chunk
+    m = m0 + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, DP)
+    valid_m = m < qlen
+    qmask = valid_m[:, None] & (d < D)[None, :]
+    q = tl.load(qkv + (first + m)[:, None] * stride_qkv + h * D + d[None, :], mask=qmask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    pos_m = ctx - qlen + m                              # each query's position
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DP], tl.float32)
+    t = tl.arange(0, TILE)
+    hk = (h // G).to(tl.int64)
+    end = tl.minimum(ctx - qlen + m0 + BLOCK_M, ctx)    # keys past the tile's last query are never seen
+    for start in range(0, end, TILE):
+        pos = start + t
+        valid = pos < ctx
+        block = tl.load(tables + seq * stride_table + pos // BS, mask=valid, other=0)
+        offs = hk * stride_head + (block.to(tl.int64) * BS + pos % BS)[:, None] * D + d[None, :]
+        kvmask = valid[:, None] & (d < D)[None, :]
+        k = tl.load(k_pool + offs, mask=kvmask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * scale
+        s = tl.where(valid[None, :] & (pos[None, :] <= pos_m[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_pool + offs, mask=kvmask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    o = acc / l_i[:, None]
+    tl.store(out + (first + m)[:, None] * stride_out + h * D + d[None, :], o.to(out.dtype.element_ty), mask=qmask)
+
+
+PREFILL_BLOCK_M = 16
+
+
+@torch.library.custom_op("rosefast::paged_prefill_attention", mutates_args=())
+def paged_prefill_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, tile_seq: torch.Tensor, tile_start: torch.Tensor,
+                            seq_info: torch.Tensor, num_heads: int, num_kv_heads: int, scale: float) -> torch.Tensor:
+    """[T, H*D]: each packed token's query heads (in qkv [T, (H + 2Hkv) * D]) over its sequence's context up to
+    its own position. seq_info: per sequence (first row, chunk length, context after the chunk); tile_seq /
+    tile_start: each 16-query tile's sequence and first query."""
+    T = qkv.shape[0]
+    _, _, block_size, D = k_cache.shape
+    out = torch.empty(T, num_heads * D, dtype=qkv.dtype, device=qkv.device)
+    _paged_prefill[(tile_seq.shape[0], num_heads)](
+        qkv, k_cache, v_cache, block_tables, tile_seq, tile_start, seq_info, out, qkv.stride(0),
+        block_tables.stride(0), k_cache.stride(0), out.stride(0), scale, H=num_heads, G=num_heads // num_kv_heads,
+        D=D, DP=max(16, triton.next_power_of_2(D)), BS=block_size, BLOCK_M=PREFILL_BLOCK_M,
+        TILE=max(TILE_TOKENS, block_size), IEEE=qkv.dtype == torch.float32 or INTERPRET, UPCAST=INTERPRET)
+    return out
+
+
+@paged_prefill_attention.register_fake
+def _(qkv, k_cache, v_cache, block_tables, tile_seq, tile_start, seq_info, num_heads, num_kv_heads, scale):
+    tensors = (qkv, k_cache, v_cache, block_tables, tile_seq, tile_start, seq_info)
+    if len({t.device for t in tensors}) != 1:
+        raise RuntimeError(f"paged_prefill_attention: tensors on {[str(t.device) for t in tensors]}")
+    return qkv.new_empty(qkv.shape[0], num_heads * k_cache.shape[-1])
+
+
+def prefill_plan(meta, device):
+    """The step's (tile_seq, tile_start, seq_info) on the device, made once (in one copy) for all its layers."""
+    if meta.plan is None:
+        tile_seq, tile_start, info, first = [], [], [], 0
+        for i, (qlen, ctx) in enumerate(zip(meta.query_lens, meta.context_lens)):
+            starts = range(0, qlen, PREFILL_BLOCK_M)
+            tile_seq += [i] * len(starts)
+            tile_start += starts
+            info += (first, qlen, ctx)
+            first += qlen
+        n = len(tile_seq)
+        flat = upload(tile_seq + tile_start + info, torch.long, device)
+        meta.plan = (flat[:n], flat[n:2 * n], flat[2 * n:])
+    return meta.plan
+
+
+def prefill_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale):
+    """The whole step's prefill attention in one launch; this call's K/V already in the pools (store_kv)."""
+    if qkv.stride(-1) != 1 or not supports(k_cache):
+        return None
+    tile_seq, tile_start, info = prefill_plan(meta, qkv.device)
+    return paged_prefill_attention(qkv, k_cache, v_cache, meta.block_tables, tile_seq, tile_start, info, num_heads,
+                                   num_kv_heads, float(scale))
 
 
 def supports(k_cache):

@@ -19,6 +19,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor = None    # decode, torch twin: [Hkv*B, 1, L] additive mask (built by the first layer)
     gather_index: torch.Tensor = None   # decode, torch twin: [Hkv*B*nb] rows of the [Hkv*blocks, bs*D] pool view
     workspace: object = None            # decode, torch twin: its GatherWorkspace (None: fresh buffers)
+    plan: object = None                 # a kernel flavour's own per-step tensors (built by the first layer)
 
 
 def rope_inv_freq(args):
@@ -88,9 +89,15 @@ def prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):
 
 def attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, ops):
     """Attend over the pools, this call's K/V already in them (the caller's store_kv) -> [T, H*D]: the
-    flavour's decode kernel, or the packed prefill on q, k, v views of the (rotated) qkv rows."""
+    flavour's decode kernel; for prefill its own kernel when it has one, else the per-sequence SDPA below on
+    q, k, v views of the (rotated) qkv rows."""
     if not meta.is_prefill:
         return ops.decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale)
+    fused = getattr(ops, "prefill_attention", None)   # the Triton flavour's one launch for the whole step
+    if fused is not None:
+        out = fused(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale)
+        if out is not None:
+            return out
     heads = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, -1)
     q, k, v = heads.split((num_heads, num_kv_heads, num_kv_heads), dim=1)
     return prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale)
