@@ -137,3 +137,27 @@ def test_the_lm_head_setting():
     assert EngineConfig(quantize_lm_head="Off").quantize_lm_head == "none"   # the env's boolean spellings
     with pytest.raises(ValueError, match="quantize_lm_head must be one of none, int8, int4, auto, true"):
         EngineConfig(quantize_lm_head="int3")
+
+
+def test_the_q4_1_blocks_are_kept_beside_the_converted_model(default_model, monkeypatch):
+    """After the first start the blocks come from their own file (the GGUF's reader takes ~4 s on the tokenizer's
+    metadata), bit for bit; a damaged file is rebuilt from the GGUF."""
+    from rosefast.models import quant
+    from rosefast.models.args import load_model_args
+
+    args, source, cache = load_model_args(default_model.path), gguf_source(default_model), default_model.path
+    first = quant.cached_q4_1_layers(source, args, cache)
+    kept = cache / quant.BLOCKS_FILE
+    assert kept.is_file()
+
+    def no_reading(*_):
+        raise AssertionError("the GGUF was read again")
+
+    monkeypatch.setattr(quant, "gguf_q4_1_layers", no_reading)
+    again = quant.cached_q4_1_layers(source, args, cache)
+    same = lambda a, b: all(torch.equal(x, y) for i in a for n in a[i] for x, y in zip(a[i][n], b[i][n]))  # noqa: E731
+    assert same(first, again) and same(first, gguf_q4_1_layers(source, args))
+    monkeypatch.undo()
+    kept.write_bytes(b"damaged")
+    assert same(first, quant.cached_q4_1_layers(source, args, cache))
+    assert same(first, quant._load_blocks(kept, args))   # rewritten whole

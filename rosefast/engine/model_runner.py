@@ -64,7 +64,9 @@ class ModelRunner:
         resolved = resolve_model(model or config.model)
         with torch.inference_mode():
             self.model, self.args = load_model(resolved, self.dtype, self.device)
-            quantize_linears(self.model, config.quantization, gguf_source(resolved), head=config.quantize_lm_head)
+            source = gguf_source(resolved)
+            quantize_linears(self.model, config.quantization, source, head=config.quantize_lm_head,
+                             cache_dir=resolved.path if source is not None else None)
             pack_linears(self.model, batch_hint=config.max_batch_size)
             size, count = weight_bytes(self.model)
             log.info("weights: %.1f MB, %.2f bytes per weight (%s, quantization %s)", size / 1e6, size / count,

@@ -12,6 +12,8 @@ s = max |W[n]| / 127. The ops take bf16 activations (their fp32 path is 20x slow
 input to bf16 and its output back. Measured per decode step on this machine (`python -m benches.decode_step`).
 """
 import logging
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,6 +27,7 @@ GROUP = 32
 MODES = ("none", "int8", "int4", "auto")
 LINEARS = ("qkv", "o", "gate_up", "down")
 _Q4_1_BYTES = 20   # fp16 d, fp16 m, 16 bytes of nibbles: weights 0-15 in the low nibbles, 16-31 in the high
+BLOCKS_FILE = "q4_1_blocks.safetensors"   # beside a converted GGUF: its linears' blocks, read in milliseconds
 
 
 class Int4Linear(nn.Module):
@@ -137,6 +140,57 @@ def gguf_q4_1_layers(path, args):
     return layers
 
 
+def cached_q4_1_layers(gguf_path, args, cache_dir):
+    """gguf_q4_1_layers, kept in `cache_dir` (the converted model's directory) after the first start: the gguf
+    package's reader parses every metadata field in Python (~4 s for the embedded model's tokenizer on this
+    machine), while the blocks' own file (the same numbers: 4-bit values two to a byte, fp16 d and m) loads in
+    milliseconds. A file whose linears are not Q4_1 is remembered as such."""
+    if cache_dir is None:
+        return gguf_q4_1_layers(gguf_path, args)
+    path = Path(cache_dir) / BLOCKS_FILE
+    if path.is_file():
+        try:
+            return _load_blocks(path, args)
+        except Exception as e:  # noqa: BLE001 - a damaged cache is rebuilt from the file
+            log.warning("quantization: ignoring the unreadable %s (%s); reading the GGUF again", path, e)
+    layers = gguf_q4_1_layers(gguf_path, args)
+    try:
+        _save_blocks(path, layers)
+    except OSError as e:
+        log.warning("quantization: could not keep the Q4_1 blocks in %s (%s)", path, e)
+    return layers
+
+
+def _save_blocks(path, layers):
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for i, parts in (layers or {}).items():
+        for name, (q, d, m) in parts.items():
+            tensors[f"{i}.{name}.q"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+            tensors[f"{i}.{name}.d"], tensors[f"{i}.{name}.m"] = d.contiguous(), m.contiguous()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata={"q4_1": "1" if layers else "0"})
+    os.replace(tmp, path)
+
+
+def _load_blocks(path, args):
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        if f.metadata().get("q4_1") != "1":
+            return None
+        layers = {}
+        for i in range(args.num_layers):
+            layers[i] = {}
+            for name in LINEARS:
+                packed = f.get_tensor(f"{i}.{name}.q")
+                q = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+                # copies: nothing may keep the file's mapping (a later start may replace the file)
+                layers[i][name] = (q, f.get_tensor(f"{i}.{name}.d").clone(), f.get_tensor(f"{i}.{name}.m").clone())
+    return layers
+
+
 def check_mode(mode, device):
     if mode not in MODES:
         raise ValueError(f"quantization must be one of {', '.join(MODES)}, got {mode!r}")
@@ -156,16 +210,16 @@ def head_mode(setting, linears):
     return setting
 
 
-def quantize_linears(model, mode, gguf_path=None, head="none"):
+def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head, by `head_mode(head, mode)`) by quantized
-    ones; int4 takes a GGUF file's Q4_1 blocks as they are when `gguf_path` has them; "auto" is int4 when it has
-    them, else nothing. Returns (layers replaced, source)."""
+    ones; int4 takes a GGUF file's Q4_1 blocks as they are when `gguf_path` has them (kept in `cache_dir` for
+    the next start); "auto" is int4 when it has them, else nothing. Returns (layers replaced, source)."""
     if head is True or head is False:
         head = "true" if head else "none"
     if mode == "none":
         return 0, None
-    from_file = gguf_q4_1_layers(gguf_path, model.args) if mode in ("int4", "auto") and gguf_path is not None \
-        else None
+    from_file = cached_q4_1_layers(gguf_path, model.args, cache_dir) \
+        if mode in ("int4", "auto") and gguf_path is not None else None
     if mode == "auto":
         if from_file is None or next(model.parameters()).device.type != "cpu":
             return 0, None
