@@ -240,8 +240,9 @@ def test_triton_decode_and_prefill_attention_equal_the_twins():
     assert done.returncode == 0, done.stderr[-3000:]
     cases = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted({(c["kind"], c["dtype"]) for c in cases}) == [
-        ("decode", "bfloat16"), ("decode", "float32"), ("prefill", "bfloat16"), ("prefill", "float32")]
-    assert len(cases) == 12
+        ("decode", "bfloat16"), ("decode", "float32"), ("decode-split", "bfloat16"), ("decode-split", "float32"),
+        ("prefill", "bfloat16"), ("prefill", "float32")]
+    assert len(cases) == 18
     for case in cases:   # |error| / (|reference| + 1); bf16: the output's own rounding (2^-8 relative)
         tol = 1e-5 if case["dtype"] == "float32" else 8e-3
         assert case["max_scaled_diff"] < tol, case

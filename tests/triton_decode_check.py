@@ -74,5 +74,9 @@ if __name__ == "__main__":
 
     shapes = ((9, 3, 64), (4, 4, 32), (6, 2, 48))
     dtypes = (torch.float32, torch.bfloat16)
-    print(json.dumps([case(_kernels_triton, dtype, *shape) for dtype in dtypes for shape in shapes] +
-                     [prefill_case(_kernels_triton, dtype, *shape) for dtype in dtypes for shape in shapes]))
+    cases = [case(_kernels_triton, dtype, *shape) for dtype in dtypes for shape in shapes]
+    cases += [prefill_case(_kernels_triton, dtype, *shape) for dtype in dtypes for shape in shapes]
+    _kernels_triton.PART_TOKENS = 64   # the same decode cases with each context split in parts of 64 tokens
+    assert _kernels_triton.decode_parts(6, 3, 12 * 16) == 3
+    cases += [dict(case(_kernels_triton, dtype, *shape), kind="decode-split") for dtype in dtypes for shape in shapes]
+    print(json.dumps(cases))

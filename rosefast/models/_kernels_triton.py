@@ -27,11 +27,13 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
-def _paged_decode(qkv, k_pool, v_pool, tables, context_lens, out, stride_qkv, stride_table, stride_head,
-                  stride_out, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
-                  BS: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+def _paged_decode(qkv, k_pool, v_pool, tables, context_lens, out, parts, lse, stride_qkv, stride_table,
+                  stride_head, stride_out, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                  DP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+                  H: tl.constexpr, P: tl.constexpr, PART: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
+    part = tl.program_id(2)                  # with P > 1: this program's share of the context (flash-decoding)
     ctx = tl.load(context_lens + b)
     g = tl.arange(0, GP)
     d = tl.arange(0, DP)
@@ -44,9 +46,11 @@ def _paged_decode(qkv, k_pool, v_pool, tables, context_lens, out, stride_qkv, st
     l_i = tl.zeros([GP], tl.float32)
     acc = tl.zeros([GP, DP], tl.float32)
     t = tl.arange(0, TILE)
-    for start in range(0, ctx, TILE):
+    first = part * PART
+    end = tl.minimum(ctx, first + PART) if P > 1 else ctx
+    for start in range(first, end, TILE):
         pos = start + t
-        valid = pos < ctx
+        valid = pos < end
         block = tl.load(tables + b * stride_table + pos // BS, mask=valid, other=0)
         rows = block.to(tl.int64) * BS + pos % BS
         offs = h.to(tl.int64) * stride_head + rows[:, None] * D + d[None, :]
@@ -71,8 +75,43 @@ def _paged_decode(qkv, k_pool, v_pool, tables, context_lens, out, stride_qkv, st
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    o = acc / l_i[:, None]
-    tl.store(out + b * stride_out + heads[:, None] * D + d[None, :], o.to(out.dtype.element_ty), mask=qmask)
+    if P > 1:   # this part's normalized output and log-sum-exp, for _combine_parts (an empty part: lse -inf)
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        row = (b * H + heads) * P + part
+        tl.store(parts + row[:, None] * DP + d[None, :], o, mask=qmask)
+        tl.store(lse + row, tl.where(l_i > 0, m_i + tl.log(l_i), float("-inf")), mask=g < G)
+    else:
+        o = acc / l_i[:, None]
+        tl.store(out + b * stride_out + heads[:, None] * D + d[None, :], o.to(out.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _combine_parts(parts, lse, out, stride_out, H: tl.constexpr, D: tl.constexpr, DP: tl.constexpr,
+                   P: tl.constexpr, PP: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    p = tl.arange(0, PP)
+    d = tl.arange(0, DP)
+    row = (b * H + h) * P + p
+    w = tl.load(lse + row, mask=p < P, other=float("-inf"))                 # [PP]; part 0 is never empty
+    w = tl.exp(w - tl.max(w, 0))
+    o = tl.load(parts + row[:, None] * DP + d[None, :], mask=(p < P)[:, None] & (d < D)[None, :], other=0.0)
+    res = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(out + b * stride_out + h * D + d, res.to(out.dtype.element_ty), mask=d < D)
+
+
+SPLIT_BELOW = 128      # (rows x KV heads) under which a step's context is split over programs
+PART_TOKENS = 512      # tokens per part then (a multiple of TILE_TOKENS)
+MAX_PARTS = 32
+
+
+def decode_parts(rows, kv_heads, table_tokens):
+    """How many parts each row's context is split into: a few programs (one stream, long contexts) would
+    leave most of a GPU idle, so their contexts are shared out; static for a given batch and table width (a
+    CUDA graph's)."""
+    if rows * kv_heads >= SPLIT_BELOW:
+        return 1
+    return max(1, min(MAX_PARTS, -(-table_tokens // PART_TOKENS)))
 
 
 @torch.library.custom_op("rosefast::paged_decode_attention", mutates_args=())
@@ -83,12 +122,19 @@ def paged_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     B = qkv.shape[0]
     _, _, block_size, D = k_cache.shape
     out = torch.empty(B, num_heads * D, dtype=qkv.dtype, device=qkv.device)
-    G = num_heads // num_kv_heads
-    _paged_decode[(B, num_kv_heads)](
-        qkv, k_cache, v_cache, block_tables, context_lens, out, qkv.stride(0), block_tables.stride(0),
-        k_cache.stride(0), out.stride(0), scale, G=G, GP=max(16, triton.next_power_of_2(G)), D=D,
-        DP=max(16, triton.next_power_of_2(D)), BS=block_size, TILE=max(TILE_TOKENS, block_size),
-        IEEE=qkv.dtype == torch.float32 or INTERPRET, UPCAST=INTERPRET)
+    G, DP, tile = num_heads // num_kv_heads, max(16, triton.next_power_of_2(D)), max(TILE_TOKENS, block_size)
+    P = decode_parts(B, num_kv_heads, block_tables.shape[1] * block_size)
+    part = -(-PART_TOKENS // tile) * tile
+    parts = torch.empty(B * num_heads * P, DP, dtype=torch.float32, device=qkv.device) if P > 1 else out
+    lse = torch.empty(B * num_heads * P, dtype=torch.float32, device=qkv.device) if P > 1 else out
+    _paged_decode[(B, num_kv_heads, P)](
+        qkv, k_cache, v_cache, block_tables, context_lens, out, parts, lse, qkv.stride(0), block_tables.stride(0),
+        k_cache.stride(0), out.stride(0), scale, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, DP=DP,
+        BS=block_size, TILE=tile, IEEE=qkv.dtype == torch.float32 or INTERPRET, UPCAST=INTERPRET, H=num_heads, P=P,
+        PART=part)
+    if P > 1:
+        _combine_parts[(B, num_heads)](parts, lse, out, out.stride(0), H=num_heads, D=D, DP=DP, P=P,
+                                       PP=triton.next_power_of_2(P))
     return out
 
 
