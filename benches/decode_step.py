@@ -1,6 +1,7 @@
 """Decode step time: ours vs Hugging Face's forward with its own cache, next to the matmul-only floor.
 
     python -m benches.decode_step                       # SmolLM2, fp32 and bf16, batch 1/8/32, context 128/512
+    python -m benches.decode_step --device cuda --dtypes bfloat16 --batches 1,32,256   # on a GPU
 
 The floor is the step's linear layers alone (per layer fused qkv, o, gate|up, down; then lm_head)
 at the same batch and dtype: no attention, norms, RoPE or dispatch. Two floors: *F.linear* runs
@@ -22,21 +23,24 @@ from rosefast.models import load_hf_model, resolve_model
 
 
 def timed(fn, steps, warmup=3):
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(steps):
+        sync()
         t = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e3
 
 
-def plain_linears(model, dtype):
+def plain_linears(model, dtype, device="cpu"):
     """F.linear on weights of the model's linear shapes (the values do not change the time): the floor as
     torch's own matmul gives it, for the model's (qkv, o, gate_up, down) x layers and its lm_head."""
     def linear(out_features, in_features):
-        w = torch.empty(out_features, in_features, dtype=dtype).normal_(std=0.02)
+        w = torch.empty(out_features, in_features, dtype=dtype, device=device).normal_(std=0.02)
         return lambda x: F.linear(x, w)
     first = model.layers[0]
     layers = [tuple(linear(m.out_features, m.in_features) for m in (first.qkv, first.o, first.gate_up, first.down))
@@ -53,9 +57,10 @@ def floor_step(model, batch, dtype, linears=None):
     """The linear layers of one decode step (default: the model's own, see model_linears)."""
     layers, head = linears or model_linears(model)
     first = model.layers[0]
-    x = torch.randn(batch, first.o.out_features, dtype=dtype)
-    attn_in = torch.randn(batch, first.o.in_features, dtype=dtype)
-    act = torch.randn(batch, first.down.in_features, dtype=dtype)
+    device = model.embed.weight.device
+    x = torch.randn(batch, first.o.out_features, dtype=dtype, device=device)
+    attn_in = torch.randn(batch, first.o.in_features, dtype=dtype, device=device)
+    act = torch.randn(batch, first.down.in_features, dtype=dtype, device=device)
 
     @torch.inference_mode()
     def run():
@@ -81,13 +86,14 @@ def hf_step(hf, batch, ctx, dtype):
     cfg = hf.config
     kv_heads = getattr(cfg, "num_key_value_heads", cfg.num_attention_heads)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dev = hf.device
     cache = DynamicCache(config=cfg)
     for layer in range(cfg.num_hidden_layers):
-        cache.update(torch.randn(batch, kv_heads, ctx, head_dim, dtype=dtype),
-                     torch.randn(batch, kv_heads, ctx, head_dim, dtype=dtype), layer)
-    ids = torch.ones(batch, 1, dtype=torch.long)
-    pos = torch.full((batch, 1), ctx, dtype=torch.long)
-    mask = torch.ones(batch, ctx + 1, dtype=torch.long)
+        cache.update(torch.randn(batch, kv_heads, ctx, head_dim, dtype=dtype, device=dev),
+                     torch.randn(batch, kv_heads, ctx, head_dim, dtype=dtype, device=dev), layer)
+    ids = torch.ones(batch, 1, dtype=torch.long, device=dev)
+    pos = torch.full((batch, 1), ctx, dtype=torch.long, device=dev)
+    mask = torch.ones(batch, ctx + 1, dtype=torch.long, device=dev)
 
     @torch.inference_mode()
     def run():
@@ -104,21 +110,23 @@ def main(argv=None):
     p.add_argument("--contexts", default="128,512")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--no-hf", action="store_true", help="skip Hugging Face's step")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (Hugging Face's model goes there too)")
     a = p.parse_args(argv)
     resolved = resolve_model(a.model)
     batches = [int(b) for b in a.batches.split(",")]
     contexts = [int(c) for c in a.contexts.split(",")]
     rows = []
-    print(f"model {resolved.name}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"model {resolved.name}, torch {torch.__version__}, {torch.get_num_threads()} threads, {a.device}")
     print("| dtype | batch | context | F.linear floor ms | our linears ms | ours ms | ours/F.linear floor "
           "| ours/our linears | HF ms | HF/ours |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for dtype_name in a.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         tokens = max(batches) * (-(-(max(contexts) + 1) // 16)) * 16
-        runner = ModelRunner(EngineConfig(model=resolved, dtype=dtype_name, kv_cache_tokens=tokens, device="cpu"))
-        hf = None if a.no_hf else load_hf_model(resolved, dtype=dtype)
-        plain = plain_linears(runner.model, dtype)
+        runner = ModelRunner(EngineConfig(model=resolved, dtype=dtype_name, kv_cache_tokens=tokens, device=a.device,
+                                          max_batch_size=max(64, *batches)))   # graphs (CUDA) for every batch
+        hf = None if a.no_hf else load_hf_model(resolved, dtype=dtype).to(runner.device)
+        plain = plain_linears(runner.model, dtype, runner.device)
         for batch in batches:
             floor = timed(floor_step(runner.model, batch, dtype, plain), a.steps)
             mine = timed(floor_step(runner.model, batch, dtype), a.steps)

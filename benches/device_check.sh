@@ -657,6 +657,7 @@ run_stage "C throughput" 170 "$PY" "$WORK/throughput.py"
 pytest_stage "A2 tests test_model_runner (rest, on CUDA via auto)" 120 tests/test_model_runner.py -k "not cuda"
 run_stage "D attention microbench" 75 "$PY" "$WORK/attention.py"
 pytest_stage "A3 tests test_engine (on CUDA via auto)" 90 tests/test_engine.py
+run_stage "E decode step, ours vs HF on CUDA" 60 "$PY" -m benches.decode_step --device cuda --dtypes bfloat16 --batches 1,32,256 --contexts 1024 --steps 10
 
 # ------------------------------------------------------------------------------------------------
 # summary
