@@ -560,7 +560,7 @@ with torch.inference_mode():
     meas("host_prep_ms_width_model", lambda: cpu_ms(lambda: r.decode_tensors(seqs, full_width)))
     meas("host_prep_ms_width_64", lambda: cpu_ms(lambda: r.decode_tensors(seqs, nb)))
     meas("step_wall_ms_graph_width_model", lambda: wall_ms(lambda: r.forward(seqs, False)))
-    meas("replay_gpu_ms_graph_width_model", lambda: gpu_ms(lambda: r.graphs.graphs[max(r.graphs.graphs)].replay()))
+    meas("replay_gpu_ms_graph_width_model", lambda: gpu_ms(lambda: r.graphs.graphs[max(r.graphs.graphs)]()))
     g_full = r.graphs
     r.graphs = None
     meas("step_wall_ms_eager", lambda: wall_ms(lambda: r.forward(seqs, False)))
@@ -570,7 +570,7 @@ with torch.inference_mode():
         g64 = DecodeGraphs(r, B)
         r.graphs = g64
         meas("step_wall_ms_graph_width_ctx", lambda: wall_ms(lambda: r.forward(seqs, False)))
-        meas("replay_gpu_ms_graph_width_ctx", lambda: gpu_ms(lambda: g64.graphs[max(g64.graphs)].replay()))
+        meas("replay_gpu_ms_graph_width_ctx", lambda: gpu_ms(lambda: g64.graphs[max(g64.graphs)]()))
     except Exception as e:
         rep["graph_width_ctx"] = "ERROR " + err(e)
     r.graphs, r.max_blocks_per_seq = g_full, full_width

@@ -198,7 +198,7 @@ def test_the_check_catches_a_cpu_tensor_and_a_host_sync(tiny_llama, monkeypatch)
             runner.model(ids, positions, meta, runner.kv.layers).sum().item()
 
 
-# -- the decode graphs' buckets (their capture needs a GPU) ----------------------------------------------
+# -- the decode graphs' buckets and bookkeeping (their capture itself needs a GPU) ------------------------
 
 def test_graph_batch_and_width_ladders():
     assert ladder(40) == [1, 2, 4, 8, 16, 32, 40]
@@ -212,6 +212,64 @@ def test_graph_batch_and_width_ladders():
         w = pick(widths, need)
         assert need <= w <= max(2 * need, widths[0])
     assert pick(ladder(40), 17) == 32 and pick(ladder(40), 33) == 40
+
+
+class EagerCapture:
+    """A CUDA graph's stand-in on the CPU: replay runs the captured step again into the captured output (what a
+    replay does to its memory), so the graphs' bookkeeping — static inputs, padding, widths, captures on first
+    use, a shrinking batch leaving stale rows — is checked against eager steps."""
+
+    def pool(self):
+        return None
+
+    def synchronize(self):
+        pass
+
+    def capture(self, fn, pool):
+        out = fn()
+        return (lambda: out.copy_(fn())), out
+
+
+def test_decode_graph_bookkeeping_matches_eager_steps(tiny_llama, monkeypatch):
+    """Two runners on the same weights and block tables, one replaying graphs, one eager; freed blocks go to a
+    new sequence, so a padded row left writing an old slot would corrupt it."""
+    from rosefast.engine.cuda_graph import DecodeGraphs
+    from tests.paged import BlockPool
+
+    monkeypatch.setattr(kernels, "_impl", kernels.reference)   # the twin, which needs a ladder of widths
+    config = EngineConfig(model=tiny_llama, dtype="float32", device="cpu", kv_cache_tokens=4096, max_model_len=512,
+                          block_size=16, max_batch_size=8)
+    eager, replayed = ModelRunner(config), ModelRunner(config)
+    graphs = replayed.graphs = DecodeGraphs(replayed, 8, capture=EagerCapture())
+    assert graphs.widths == [8, 16, 32] and set(graphs.graphs) == {(s, 8) for s in ladder(8)}
+    pool, bs = BlockPool(eager.kv.num_blocks, shuffle_seed=3), eager.block_size
+
+    def prefill(prompts):
+        tables = [[] for _ in prompts]
+        for t, p in zip(tables, prompts):
+            pool.grow(t, len(p), bs)
+        seqs = [SeqInput(p, 0, t) for p, t in zip(prompts, tables)]
+        logits = eager.forward(seqs, True)
+        replayed.forward(seqs, True)
+        return [p + [int(row.argmax())] for p, row in zip(prompts, logits)], tables
+
+    tokens, tables = prefill([list(range(1, 127)), [5, 6, 7], list(range(3, 63)), list(range(9, 40))])
+    for step in range(10):
+        if step == 3:   # two sequences end, the last row's blocks go to a new one: 3 rows in the size-4 graph,
+            for tb in (tables[1], tables[3]):     # whose 4th row last held the ended sequence's slot
+                pool.free[:0] = tb
+            more, more_tables = prefill([list(range(7, 47))])
+            tokens, tables = [tokens[0], tokens[2]] + more, [tables[0], tables[2]] + more_tables
+        for t, tb in zip(tokens, tables):
+            pool.grow(tb, len(t), bs)
+        seqs = [SeqInput([t[-1]], len(t) - 1, tb) for t, tb in zip(tokens, tables)]
+        want = eager.forward(seqs, False)
+        got = replayed.forward(seqs, False)
+        assert (got - want).abs().max().item() < 1e-5, step
+        for t, row in zip(tokens, want):
+            t.append(int(row.argmax()))
+    # sequence 0 crossed 128 tokens (8 blocks) a step before the batch shrank: a wider graph, made on first use
+    assert (4, 16) in graphs.graphs
 
 
 def test_decode_values_pad_rows_to_the_scratch_block(tiny_llama):

@@ -38,14 +38,33 @@ def width_ladder(max_blocks, follows_context, smallest=SMALLEST_WIDTH):
     return widths + [max_blocks]
 
 
+class CudaCapture:
+    """How a graph is made and replayed (torch.cuda's); the tests put an eager stand-in here to check the
+    bookkeeping around it on a CPU."""
+
+    def pool(self):
+        return torch.cuda.graph_pool_handle()
+
+    def synchronize(self):
+        torch.cuda.synchronize()
+
+    def capture(self, fn, pool):
+        """(replay, output): `fn`'s work recorded once; replay() runs it again into the same output."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+        return graph.replay, out
+
+
 def pick(ladder_values, needed):
     """The smallest entry of a sorted ladder >= needed."""
     return next(v for v in ladder_values if v >= needed)
 
 
 class DecodeGraphs:
-    def __init__(self, runner, max_batch):
+    def __init__(self, runner, max_batch, capture=None):
         self.runner = runner
+        self.capture = capture or CudaCapture()
         self.sizes = ladder(max_batch)
         ops = kernels.for_device(runner.device, runner.dtype)
         self.widths = width_ladder(runner.max_blocks_per_seq, ops.FOLLOWS_CONTEXT)
@@ -53,7 +72,7 @@ class DecodeGraphs:
         self.vectors = torch.zeros(4, n, dtype=torch.long, device=dev)   # input ids, positions, slots, context lens
         self.block_tables = torch.zeros(n, self.widths[-1], dtype=torch.long, device=dev)
         self.graphs, self.outputs = {}, {}
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = self.capture.pool()
         t = time.perf_counter()
         for size in reversed(self.sizes):   # largest first: the smaller ones fit in its pool
             self._capture(size, self.widths[0])
@@ -76,13 +95,11 @@ class DecodeGraphs:
         args = self._inputs(size, width)
         with torch.inference_mode():
             runner.decode_forward(*args)     # warm up (allocator, kernels, Triton's compile) outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[size, width] = runner.decode_forward(*args)
-        torch.cuda.synchronize()
-        self.graphs[size, width] = graph
-        return graph
+            self.capture.synchronize()
+            replay, self.outputs[size, width] = self.capture.capture(lambda: runner.decode_forward(*args), self.pool)
+        self.capture.synchronize()
+        self.graphs[size, width] = replay
+        return replay
 
     def fits(self, batch):
         return batch <= self.sizes[-1]
@@ -95,10 +112,10 @@ class DecodeGraphs:
         b = len(seqs)
         need = max(len(s.block_table) for s in seqs)
         size, width = self.key(b, need)
-        graph = self.graphs.get((size, width))
-        if graph is None:
+        replay = self.graphs.get((size, width))
+        if replay is None:
             t = time.perf_counter()
-            graph = self._capture(size, width)
+            replay = self._capture(size, width)
             log.info("CUDA graph captured for batch %d x width %d blocks in %.2f s", size, width,
                      time.perf_counter() - t)
         runner = self.runner
@@ -106,5 +123,5 @@ class DecodeGraphs:
         # the columns past `need` keep older block ids: valid ones, and past every row's context
         copy_in(self.vectors[:, :size], host[:4 * size].view(4, size))
         copy_in(self.block_tables[:b, :need], host[4 * size:].view(b, need))
-        graph.replay()
+        replay()
         return self.outputs[size, width][:b]
