@@ -74,8 +74,8 @@ def main(argv=None):
     rows = []
     for mode in ("none", "int8", "int4"):
         for head in {"none": ("none",), "int8": ("none", "int8"), "int4": ("none", "int8", "int4")}[mode]:
-            engine = LLMEngine(model=resolve_model(a.model), dtype=a.dtype, kv_cache_tokens=8192, quantization=mode,
-                               quantize_lm_head=head)
+            engine = LLMEngine(model=resolve_model(a.model), dtype=a.dtype, device="cpu", kv_cache_tokens=8192,
+                               quantization=mode, quantize_lm_head=head)
             size = step_bytes(engine.runner.model)
             step = min(timed(ours_step(engine.runner, 1, 64), 10) for _ in range(a.step_runs))
             rates = [tok_s(engine, c, a.tokens) for c in levels]

@@ -304,3 +304,21 @@ def test_triton_decode_and_prefill_attention_equal_the_twins():
     for case in cases:   # |error| / (|reference| + 1); bf16: the output's own rounding (2^-8 relative)
         tol = 1e-5 if case["dtype"] == "float32" else 8e-3
         assert case["max_scaled_diff"] < tol, case
+
+
+def test_the_twins_decode_scores_in_fp32_for_a_bf16_cache():
+    """The CUDA fallback (no Triton) and the pure flavour: a bf16 cache's scores are not rounded to bf16 before
+    the softmax — with scores of magnitude ~30 that rounding alone moves the output by several bf16 steps."""
+    from rosefast.models import _kernels_py as twin
+    from rosefast.models.layers import AttentionMetadata
+
+    gen = torch.Generator().manual_seed(11)
+    heads, kv_heads, D, bs = 9, 3, 64, 16
+    k_cache = (torch.randn(kv_heads, 9, bs, D, generator=gen) * 2).to(torch.bfloat16)
+    v_cache = torch.randn(kv_heads, 9, bs, D, generator=gen).to(torch.bfloat16)
+    qkv = (torch.randn(2, (heads + 2 * kv_heads) * D, generator=gen) * 2).to(torch.bfloat16)
+    tables, lens = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]]), torch.tensor([64, 50])
+    meta = lambda: AttentionMetadata(False, None, tables, context_lens=lens)  # noqa: E731
+    got = twin.decode_attention(qkv, heads, kv_heads, k_cache, v_cache, meta(), D ** -0.5).float()
+    ref = twin.decode_attention(qkv.float(), heads, kv_heads, k_cache.float(), v_cache.float(), meta(), D ** -0.5)
+    assert ((got - ref).abs() / (ref.abs() + 1)).max().item() < 8e-3   # the bf16 output's own rounding

@@ -35,11 +35,11 @@ def test_bf16_model_packed_gives_unpacked_logits(arch, monkeypatch):
 
     model = tiny_random(arch)
     prompts = [load_tokenizer(model)(t).input_ids for t in TEXTS]
-    packed_runner = runner_for(model, dtype="bfloat16")
+    packed_runner = runner_for(model, dtype="bfloat16", device="cpu")   # packing is for CPU bf16
     assert set(linears(packed_runner.model)) == {"PackedLinear"}
     fast = run_ours(packed_runner, prompts, 4)
     monkeypatch.setattr(model_runner, "pack_linears", lambda *a, **k: 0)
-    plain_runner = runner_for(model, dtype="bfloat16")
+    plain_runner = runner_for(model, dtype="bfloat16", device="cpu")
     assert set(linears(plain_runner.model)) == {"Linear"}
     ref = run_ours(plain_runner, prompts, 4, next_tokens=[[int(s[-1].argmax()) for s in seq[:-1]] for seq in fast])
     for a, b in zip(fast, ref):

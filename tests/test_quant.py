@@ -76,7 +76,7 @@ def test_the_int4_engine_follows_the_unquantized_one(default_model):
     ids = None
     runs = {}
     for mode, head in (("none", "none"), ("int4", "none"), ("int4", "int8"), ("int8", "none")):
-        engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, quantization=mode,
+        engine = LLMEngine(model=default_model, dtype="float32", device="cpu", kv_cache_tokens=4096, quantization=mode,
                            quantize_lm_head=head)
         ids = engine.tokenizer(TEXT).input_ids
         greedy = engine.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
@@ -122,7 +122,7 @@ def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, ti
 
     assert server_config_from_env({}).quantization == "auto" and EngineConfig().quantization == "none"
     for model, want in ((default_model, True), (tiny_llama, False)):
-        engine = LLMEngine(model=model, dtype="float32", kv_cache_tokens=1024, quantization="auto")
+        engine = LLMEngine(model=model, dtype="float32", device="cpu", kv_cache_tokens=1024, quantization="auto")
         assert any(isinstance(m, Int4Linear) for m in engine.runner.model.modules()) is want
         # the head follows: int8 under quantized linears (auto), as loaded otherwise
         assert isinstance(engine.runner.model.lm_head, Int8Linear) is want

@@ -55,12 +55,13 @@ def decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta):
 
 
 def _gather_plan(meta, num_kv_heads, k_cache):
-    """The additive mask [Hkv*B, 1, L] and the pool rows to gather, built once per step (all layers share)."""
+    """The additive mask [Hkv*B, 1, L] (fp32) and the pool rows to gather, built once per step (all layers
+    share)."""
     if meta.decode_mask is None:
         tables, dev = meta.block_tables, k_cache.device
         span = tables.shape[1] * k_cache.shape[2]
         visible = torch.arange(span, device=dev)[None, :] < meta.context_lens[:, None]       # [B, L]
-        mask = torch.zeros(visible.shape, dtype=k_cache.dtype, device=dev).masked_fill_(~visible, float("-inf"))
+        mask = torch.zeros(visible.shape, dtype=torch.float32, device=dev).masked_fill_(~visible, float("-inf"))
         heads = torch.arange(num_kv_heads, device=dev)[:, None] * k_cache.shape[1]
         meta.decode_mask = mask.repeat(num_kv_heads, 1)[:, None, :]
         meta.gather_index = (heads + tables.reshape(1, -1)).reshape(-1)
@@ -106,8 +107,9 @@ def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale
     G = num_heads // num_kv_heads
     q = qkv.view(B, -1, D)[:, :num_heads]
     qg = q.reshape(B, num_kv_heads, G, D).transpose(0, 1).reshape(num_kv_heads * B, G, D)  # [Hkv*B, G, D]
-    scores = torch.baddbmm(mask, qg, k_ctx.transpose(1, 2), alpha=scale)                  # [Hkv*B, G, L]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    # scores in fp32 whatever the cache's dtype (a bf16 product would round them before the softmax)
+    scores = torch.baddbmm(mask, qg.float(), k_ctx.transpose(1, 2).float(), alpha=scale)  # [Hkv*B, G, L]
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
     out = torch.bmm(probs, v_ctx).view(num_kv_heads, B, G, D)
     return out.transpose(0, 1).reshape(B, num_heads * D)
 

@@ -16,7 +16,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor          # [B, max_blocks] block ids per sequence (padding: the scratch block)
     query_lens: list = None             # prefill: new tokens per sequence
     context_lens: object = None         # tokens in the cache after this step: prefill a list, decode a [B] tensor
-    decode_mask: torch.Tensor = None    # decode, torch twin: [Hkv*B, 1, L] additive mask (built by the first layer)
+    decode_mask: torch.Tensor = None    # decode, torch twin: [Hkv*B, 1, L] additive fp32 mask (built by the first layer)
     gather_index: torch.Tensor = None   # decode, torch twin: [Hkv*B*nb] rows of the [Hkv*blocks, bs*D] pool view
     workspace: object = None            # decode, torch twin: its GatherWorkspace (None: fresh buffers)
     plan: object = None                 # a kernel flavour's own per-step tensors (built by the first layer)
