@@ -27,6 +27,33 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
+def _attend_tile(q, k_pool, v_pool, offs, kvmask, keep, scale, m_i, l_i, acc, IEEE: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """One tile of an online softmax: the tile's K and V rows at `offs`, its scores (fp32; `keep` says which
+    count), then the running max, sum and weighted values."""
+    k = tl.load(k_pool + offs, mask=kvmask, other=0.0)                          # [TILE, DP]
+    if UPCAST:
+        k = k.to(tl.float32)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale              # [rows, TILE] fp32
+    else:
+        s = tl.dot(q, tl.trans(k)) * scale
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_pool + offs, mask=kvmask, other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode(qkv, k_pool, v_pool, tables, context_lens, out, parts, lse, stride_qkv, stride_table,
                   stride_head, stride_out, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                   DP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
@@ -55,26 +82,8 @@ def _paged_decode(qkv, k_pool, v_pool, tables, context_lens, out, parts, lse, st
         rows = block.to(tl.int64) * BS + pos % BS
         offs = h.to(tl.int64) * stride_head + rows[:, None] * D + d[None, :]
         kvmask = valid[:, None] & (d < D)[None, :]
-        k = tl.load(k_pool + offs, mask=kvmask, other=0.0)                      # [TILE, DP]
-        if UPCAST:
-            k = k.to(tl.float32)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale          # [GP, TILE] fp32
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_pool + offs, mask=kvmask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, k_pool, v_pool, offs, kvmask, valid[None, :], scale, m_i, l_i, acc,
+                                     IEEE, UPCAST)
     if P > 1:   # this part's normalized output and log-sum-exp, for _combine_parts (an empty part: lse -inf)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         row = (b * H + heads) * P + part
@@ -178,26 +187,8 @@ def _paged_prefill(qkv, k_pool, v_pool, tables, tile_seq, tile_start, seq_info, 
         block = tl.load(tables + seq * stride_table + pos // BS, mask=valid, other=0)
         offs = hk * stride_head + (block.to(tl.int64) * BS + pos % BS)[:, None] * D + d[None, :]
         kvmask = valid[:, None] & (d < D)[None, :]
-        k = tl.load(k_pool + offs, mask=kvmask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(valid[None, :] & (pos[None, :] <= pos_m[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_pool + offs, mask=kvmask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        m_i, l_i, acc = _attend_tile(q, k_pool, v_pool, offs, kvmask, valid[None, :] & (pos[None, :] <= pos_m[:, None]),
+                                     scale, m_i, l_i, acc, IEEE, UPCAST)
     o = acc / l_i[:, None]
     tl.store(out + (first + m)[:, None] * stride_out + h * D + d[None, :], o.to(out.dtype.element_ty), mask=qmask)
 
