@@ -11,6 +11,8 @@ this torch has no CUDA of its own.
 import hashlib
 import os
 import pathlib
+import shutil
+import sys
 
 import torch
 
@@ -29,6 +31,8 @@ def enable():
         return
     from torch.utils.cpp_extension import load_inline
 
+    if shutil.which("ninja") is None:   # torch builds with ninja: the test extras' one sits beside this python
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     tag = hashlib.sha1((_GUARD_SOURCE + torch.__version__).encode()).hexdigest()[:12]
     root = pathlib.Path(os.environ.get("ROSEFAST_CACHE") or "/tmp") / f"fake-cuda-guard-{tag}"
     root.mkdir(parents=True, exist_ok=True)
