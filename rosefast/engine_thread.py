@@ -128,11 +128,11 @@ class EngineThread:
 
     def _die(self, error):
         """No engine call can succeed any more: fail what is open without touching the device again."""
-        self.dead = error
+        self.dead = EngineDeadError(f"{error}; this worker restarts")
         records = [r for r in self._requests.open() if r.detok is not None]
-        self._outbox.fail(records, EngineDeadError(f"{error}; this worker restarts"))
+        self._outbox.fail(records, self.dead)
         if self._on_dead is not None:
-            self._on_dead(error)
+            self._on_dead(self.dead)
 
     def _next_nowait(self):
         try:
@@ -156,7 +156,7 @@ class EngineThread:
         if record.finished:          # aborted (or failed) while it waited for this thread
             return
         if self.dead is not None:
-            self._outbox.fail([record, *record.forks], EngineDeadError(f"{self.dead}; this worker restarts"))
+            self._outbox.fail([record, *record.forks], self.dead)
             return
         try:
             self.engine.add_request(ids, record.params, request_id=record.id, fork_ids=[f.id for f in record.forks])

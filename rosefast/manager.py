@@ -140,7 +140,7 @@ class SchedulerManager:
             raise NotReadyError("the model is still loading" if self.load_error is None else
                                 f"the model failed to load: {self.load_error}")
         if self.dead is not None:
-            raise ShutdownError(f"{self.dead}; this worker restarts")
+            raise ShutdownError(str(self.dead))
         taken = 0
         try:
             for _ in prompts:

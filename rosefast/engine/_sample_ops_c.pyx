@@ -5,7 +5,6 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uintptr_t
 
 import torch
 
-from rosefast.engine._sample_ops_py import device_tensor  # noqa: F401 (one public API with the twin)
 
 cdef extern from "sample_kernels.h" nogil:
     int rf_sample_f32(const float *logits, int64_t S, int64_t V, const float *temperature, const int64_t *top_k,

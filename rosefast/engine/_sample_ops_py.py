@@ -3,7 +3,7 @@ other dtypes. Same arguments and results as the compiled flavour (draws agree bu
 boundary)."""
 import torch
 
-from rosefast.engine.device import upload as device_tensor   # per-row values onto the logits' device
+from rosefast.engine.device import upload   # per-row values onto the logits' device
 
 _NEG_INF = float("-inf")
 
@@ -34,26 +34,26 @@ def sample(logits, temperature, top_k, top_p, min_p, u):
     S, V = logits.shape
     dev = logits.device
     x = logits.to(torch.float32, copy=True)
-    x.div_(device_tensor(temperature, torch.float32, dev)[:, None])
+    x.div_(upload(temperature, torch.float32, dev)[:, None])
     limited = [0 < k < V for k in top_k]
     if any(limited):   # one topk at the largest k asked; rows that ask none keep every token
         k_max = max(k for k, lim in zip(top_k, limited) if lim)
         kth = x.topk(k_max, dim=-1, sorted=True).values.gather(
-            1, device_tensor([k - 1 if lim else 0 for k, lim in zip(top_k, limited)], torch.long, dev)[:, None])
-        x.masked_fill_(device_tensor(limited, torch.bool, dev)[:, None] & (x < kth), _NEG_INF)
+            1, upload([k - 1 if lim else 0 for k, lim in zip(top_k, limited)], torch.long, dev)[:, None])
+        x.masked_fill_(upload(limited, torch.bool, dev)[:, None] & (x < kth), _NEG_INF)
     probs = torch.softmax(x, dim=-1)
     nucleus = [i for i, p in enumerate(top_p) if p < 1.0]
     if nucleus:
-        rows = device_tensor(nucleus, torch.long, dev)
+        rows = upload(nucleus, torch.long, dev)
         pr = probs if len(nucleus) == S else probs.index_select(0, rows)
         ordered, order = pr.sort(dim=-1, descending=True)
-        p = device_tensor([top_p[i] for i in nucleus], torch.float32, dev)[:, None]
+        p = upload([top_p[i] for i in nucleus], torch.float32, dev)[:, None]
         # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
         drop = (ordered.cumsum(dim=-1) - ordered) >= p
         kept = torch.zeros_like(pr).scatter_(1, order, ordered.masked_fill_(drop, 0.0))
         probs = kept if pr is probs else probs.index_copy_(0, rows, kept)
     if any(m > 0 for m in min_p):
-        floor = device_tensor(min_p, torch.float32, dev)[:, None] * probs.amax(dim=-1, keepdim=True)
+        floor = upload(min_p, torch.float32, dev)[:, None] * probs.amax(dim=-1, keepdim=True)
         probs.masked_fill_(probs < floor, 0.0)
     cdf = probs.cumsum_(dim=-1)
     return torch.searchsorted(cdf, u[:, None] * cdf[:, -1:]).clamp_(max=V - 1).squeeze(1)

@@ -48,7 +48,6 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
         self.sampler = Sampler(self.args.vocab_size, self.device)
-        self.kv = None
         self.kv = KVCache(self.args, plan_blocks(config, self.args, self.dtype, self.device, self.profile),
                           self.block_size, self.dtype, self.device)
         self.graphs = None
@@ -77,7 +76,7 @@ class ModelRunner:
         a whole-budget prefill with every row's logits and their log-softmax (prompt logprobs), and a decode
         step of max_batch_size rows at the full table width, gathering as a graph would (no workspace). On
         CUDA their peak memory is what the KV cache leaves room for."""
-        config, saved = self.config, self.kv
+        config, saved = self.config, getattr(self, "kv", None)   # None while the first plan measures
         self.kv = KVCache(self.args, 1, self.block_size, self.dtype, self.device)
         scratch = self.kv.scratch_block
         try:

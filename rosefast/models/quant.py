@@ -214,8 +214,6 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head, by `head_mode(head, mode)`) by quantized
     ones; int4 takes a GGUF file's Q4_1 blocks as they are when `gguf_path` has them (kept in `cache_dir` for
     the next start); "auto" is int4 when it has them, else nothing. Returns (layers replaced, source)."""
-    if head is True or head is False:
-        head = "true" if head else "none"
     if mode == "none":
         return 0, None
     from_file = cached_q4_1_layers(gguf_path, model.args, cache_dir) \
