@@ -34,10 +34,8 @@ def step_bytes(model):
     """Bytes a decode step reads at batch 1: every linear's weights and the lm_head (not the embedding table)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, Int4Linear):
-            total += module.packed.numel() + module.scales_zeros.numel() * 2
-        elif isinstance(module, Int8Linear):
-            total += module.q.numel() + module.scale.numel() * 2
+        if isinstance(module, (Int4Linear, Int8Linear)):
+            total += module.nbytes()
         elif hasattr(module, "packed") and hasattr(module, "in_features"):   # a PackedLinear (bf16)
             total += module.out_features * module.in_features * 2
         elif isinstance(module, torch.nn.Linear):

@@ -12,8 +12,12 @@ from rosefast.engine.sampling import SamplingParams
 from rosefast.models.args import load_model_args
 from rosefast.models.llama import llama_state_dict
 from rosefast.models.loader import read_hf_state_dict
-from rosefast.models.quant import (GROUP, Int4Linear, Int8Linear, check_mode, dequantize_q4_1, gguf_q4_1_layers,
-                                   head_mode, quantize_int8, quantize_q4_1, unpack_q4_1, weight_bytes)
+from rosefast.models import _quant_ops_py, quant_ops
+from rosefast.models.gguf_blocks import (GROUP, dequantize_q4_1, dequantize_q8_0, gguf_blocks, unpack_q4_1,
+                                         unpack_q8_0)
+from rosefast.models.quant import (Int4Linear, Int8Linear, block_kernels, check_mode, head_mode, quantize_int8,
+                                   quantize_q4_1, quantize_q8_0, weight_bytes)
+from rosefast.models.quant_tiles import pack_q4_1_tiles, pack_q8_0_tiles, unpack_q4_1_tiles, unpack_q8_0_tiles
 from rosefast.models.sources import gguf_source
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
@@ -34,7 +38,7 @@ def test_q4_1_blocks_from_the_gguf_dequantize_bit_exactly_to_gguf_and_to_the_con
     assert checked == 14
     args = load_model_args(default_model.path)
     converted = llama_state_dict(read_hf_state_dict(default_model.path), args)
-    layers = gguf_q4_1_layers(path, args)   # fused q|k|v and gate|up, q/k rows in Hugging Face's order
+    layers = gguf_blocks(path, args)   # fused q|k|v and gate|up, q/k rows in Hugging Face's order
     for i in (0, 17, 29):
         for name in ("qkv", "o", "gate_up", "down"):
             assert torch.equal(dequantize_q4_1(*layers[i][name]), converted[f"layers.{i}.{name}.weight"].float())
@@ -43,8 +47,18 @@ def test_q4_1_blocks_from_the_gguf_dequantize_bit_exactly_to_gguf_and_to_the_con
     assert all(torch.equal(a, b) for a, b in zip(quantize_q4_1(dequantize_q4_1(q, d, m)), (q, d, m)))
 
 
+def test_q8_0_head_blocks_from_the_gguf_dequantize_bit_exactly_to_gguf(default_model):
+    reader = gguf.GGUFReader(str(gguf_source(default_model)))
+    t = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    assert t.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    k, n = (int(x) for x in t.shape)
+    q, d = unpack_q8_0(t.data, n, k)
+    assert torch.equal(dequantize_q8_0(q, d), torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float())
+    assert all(torch.equal(a, b) for a, b in zip(quantize_q8_0(dequantize_q8_0(q, d)), (q, d)))
+
+
 def _served_int4(q, d, m):
-    """The weights the int4 op computes with: d and the zero m + 8 d rounded to bf16, as the op holds them."""
+    """The weights torch's int4 op computes with: d and the zero m + 8 d rounded to bf16, as the op holds them."""
     scale = d.float().to(torch.bfloat16).float()
     zero = (m.float() + 8 * d.float()).to(torch.bfloat16).float()
     n, k = q.shape
@@ -52,24 +66,76 @@ def _served_int4(q, d, m):
     return w.reshape(n, k)
 
 
+@pytest.mark.parametrize("n", [40, 64, 960])
+def test_tiles_hold_the_blocks_as_they_are(n):
+    g = torch.Generator().manual_seed(n)
+    q = torch.randint(0, 16, (n, 96), generator=g, dtype=torch.uint8)
+    d, m = torch.rand(n, 3, generator=g).half(), torch.randn(n, 3, generator=g).half()
+    w, dt, mt = pack_q4_1_tiles(q, d, m)
+    assert w.shape == (-(-n // 16), 3, 256)
+    assert all(torch.equal(a, b) for a, b in zip(unpack_q4_1_tiles(w, dt, mt, n), (q, d, m)))
+    q8 = torch.randint(-128, 128, (n, 96), generator=g, dtype=torch.int8)
+    w8, d8 = pack_q8_0_tiles(q8, d)
+    assert all(torch.equal(a, b) for a, b in zip(unpack_q8_0_tiles(w8, d8, n), (q8, d)))
+    # one row's block: low nibbles of chunk 0 are its weights 0-3, the high ones 4-7 (csrc/quant_kernels.h)
+    assert [int(w[0, 1, 4 * 2 + b]) & 15 for b in range(4)] == q[2, 32:36].tolist()
+    assert [int(w[0, 1, 4 * 2 + b]) >> 4 for b in range(4)] == q[2, 36:40].tolist()
+
+
+needs_kernels = pytest.mark.skipif(block_kernels() is None, reason="the block kernels need AVX-512 VNNI")
+
+
+@needs_kernels
+@pytest.mark.parametrize("n, k", [(40, 64), (576, 1536), (960, 576)])
+@pytest.mark.parametrize("batch", [1, 5, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_block_kernels_equal_their_twin(n, k, batch, dtype):
+    g = torch.Generator().manual_seed(n * k + batch)
+    x = (torch.randn(batch, k, generator=g) * torch.rand(batch, 1, generator=g) * 4).to(dtype)
+    x[0, :32] = 0   # an all-zero block: scale 0
+    bias = torch.randn(n, generator=g)
+    q, d, m = quantize_q4_1(torch.randn(n, k, generator=g) * 0.05)
+    q8, d8 = quantize_q8_0(torch.randn(n, k, generator=g) * 0.05)
+    w4, w8 = pack_q4_1_tiles(q, d, m), pack_q8_0_tiles(q8, d8)
+    for args, q8_ in (((*w4, bias), False), ((w8[0], w8[1], None, None), True)):
+        got = quant_ops.impl.linear(x, *args, n, q8_)
+        want = _quant_ops_py.linear(x, *args, n, q8_)
+        assert got.dtype == dtype and got.shape == (batch, n)
+        # the same integers and scales; the float sums in another order, and bf16's output rounding
+        tol = 2e-5 if dtype == torch.float32 else 8e-3
+        assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max(), (q8_, dtype)
+
+
+@pytest.mark.parametrize("kernels", ["auto", None], ids=["ours", "torch-op"])
 @pytest.mark.parametrize("n, k", [(64, 128), (96, 576), (576, 1536), (960, 576)])
 @pytest.mark.parametrize("batch", [1, 7, 32])
-def test_quantized_linears_equal_f_linear_on_their_dequantized_weights(n, k, batch):
+def test_quantized_linears_equal_f_linear_on_their_dequantized_weights(n, k, batch, kernels):
+    if kernels == "auto" and block_kernels() is None:
+        pytest.skip("the block kernels need AVX-512 VNNI")
+    ours = kernels == "auto"
     g = torch.Generator().manual_seed(n + k + batch)
     weight = torch.randn(n, k, generator=g) * 0.05
     bias = torch.randn(n, generator=g) * 0.1
     x = torch.randn(batch, k, generator=g)
-    xb = x.to(torch.bfloat16).float()   # the ops take bf16 activations
     q, d, m = quantize_q4_1(weight)
     assert (dequantize_q4_1(q, d, m) - weight).abs().max() <= d.float().max() / 2 + 1e-6   # half a step at most
-    want = F.linear(xb, _served_int4(q, d, m), bias)
-    got = Int4Linear(q, d, m, bias)(x)
+    # ours: the file's numbers, activations int8 per 32 (~0.4 % of a group's largest each); torch's op: bf16
+    # activations, its bf16 scale and zero
+    xb = x if ours else x.to(torch.bfloat16).float()
+    want = F.linear(xb, dequantize_q4_1(q, d, m) if ours else _served_int4(q, d, m), bias)
+    layer = Int4Linear(q, d, m, bias, kernels=kernels)
+    assert (layer.kernels is not None) is ours
+    got = layer(x)
     assert got.dtype == x.dtype and got.shape == (batch, n)
-    assert (got - want).abs().max() <= 1e-2 * want.abs().max() + 1e-2   # bf16 output rounding
-    q8, s8 = quantize_int8(weight)
-    want8 = F.linear(xb, q8.float() * s8.to(torch.bfloat16).float()[:, None], bias)
-    got8 = Int8Linear(q8, s8, bias)(x)
+    assert (got - want).abs().max() <= 1e-2 * want.abs().max() + 1e-2
+    q8, s8 = quantize_q8_0(weight) if ours else quantize_int8(weight)
+    served8 = dequantize_q8_0(q8, s8) if ours else q8.float() * s8.to(torch.bfloat16).float()[:, None]
+    got8 = Int8Linear(q8, s8, bias, kernels=kernels)(x)
+    want8 = F.linear(xb, served8, bias)
     assert (got8 - want8).abs().max() <= 1e-2 * want8.abs().max() + 1e-2
+    # Q8_0 blocks given to torch's op: re-quantized per channel; per-channel scales given to ours: as blocks
+    other = Int8Linear(*(quantize_int8(weight) if ours else quantize_q8_0(weight)), bias, kernels=kernels)
+    assert (other(x) - F.linear(x, weight, bias)).abs().max() <= 2e-2 * want8.abs().max() + 2e-2
 
 
 def test_the_int4_engine_follows_the_unquantized_one(default_model):
@@ -142,22 +208,28 @@ def test_the_lm_head_setting():
 def test_the_q4_1_blocks_are_kept_beside_the_converted_model(default_model, monkeypatch):
     """After the first start the blocks come from their own file (the GGUF's reader takes ~4 s on the tokenizer's
     metadata), bit for bit; a damaged file is rebuilt from the GGUF."""
-    from rosefast.models import quant
+    from rosefast.models import gguf_blocks as blocks
     from rosefast.models.args import load_model_args
 
     args, source, cache = load_model_args(default_model.path), gguf_source(default_model), default_model.path
-    first = quant.cached_q4_1_layers(source, args, cache)
-    kept = cache / quant.BLOCKS_FILE
+    first = blocks.cached_blocks(source, args, cache)
+    kept = cache / blocks.BLOCKS_FILE
     assert kept.is_file()
 
     def no_reading(*_):
         raise AssertionError("the GGUF was read again")
 
-    monkeypatch.setattr(quant, "gguf_q4_1_layers", no_reading)
-    again = quant.cached_q4_1_layers(source, args, cache)
-    same = lambda a, b: all(torch.equal(x, y) for i in a for n in a[i] for x, y in zip(a[i][n], b[i][n]))  # noqa: E731
-    assert same(first, again) and same(first, gguf_q4_1_layers(source, args))
+    read = blocks.gguf_blocks
+    monkeypatch.setattr(blocks, "gguf_blocks", no_reading)
+    again = blocks.cached_blocks(source, args, cache)
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(torch.equal(x, y) for i in a if i != "head" for n in a[i]
+                                            for x, y in zip(a[i][n], b[i][n])) \
+            and all(torch.equal(x, y) for x, y in zip(a["head"], b["head"]))
+
+    assert "head" in first and same(first, again) and same(first, read(source, args))
     monkeypatch.undo()
     kept.write_bytes(b"damaged")
-    assert same(first, quant.cached_q4_1_layers(source, args, cache))
-    assert same(first, quant._load_blocks(kept, args))   # rewritten whole
+    assert same(first, blocks.cached_blocks(source, args, cache))
+    assert same(first, blocks._load_blocks(kept, args))   # rewritten whole

@@ -1,75 +1,133 @@
-"""Weight-only quantized linear layers on CPU (ROSEFAST_QUANTIZATION): int4 groupwise with a scale and a min
-(GGUF's Q4_1 layout, group 32) and int8 per output channel, run by torch's CPU weight-only ops.
+"""Weight-only quantized linear layers on CPU (ROSEFAST_QUANTIZATION): int4 as GGUF's Q4_1 (group 32, a scale
+and a min) and int8 as its Q8_0 (group 32, a scale) or per output channel.
 
-    count = quantize_linears(model, "int4", gguf_path)   # Q4_1 blocks from the file, else quantized at load
+    count, source = quantize_linears(model, "int4", gguf_path)   # the file's blocks, else quantized at load
 
 int4 is y = x W^T with W[n, k] = d[n, g] q[n, k] + m[n, g] (g = k // 32, q in 0..15): Q4_1 exactly. A GGUF
-file's Q4_1 blocks are taken as they are — no dequantize-and-requantize round trip — and d, m become the
-op's bf16 scale and zero (torch's int4 op computes (q - 8) scale + zero, so zero = m + 8 d); that rounding
-of d and m from fp16 to bf16 is the only change to the file's numbers. A Hugging Face directory is
-quantized at load with the same scheme (per group: d = (max - min) / 15, m = min). int8: W = s[n] q[n, k],
-s = max |W[n]| / 127. The ops take bf16 activations (their fp32 path is 20x slower here): a layer casts its
-input to bf16 and its output back. Measured per decode step on this machine (`python -m benches.decode_step`).
+file's Q4_1 blocks (and a Q8_0 lm_head) are taken as they are — no dequantize-and-requantize round trip — and
+a Hugging Face directory is quantized at load with the same scheme (per group: d = (max - min) / 15, m = min;
+Q8_0: d = max |W| / 127).
+
+Two ways to run them. On a CPU with AVX-512 VNNI, our kernels (rosefast.models.quant_ops, csrc/quant_kernels.h)
+on the blocks' own numbers (fp16 d and m, re-laid out in tiles of 16 rows), the activations quantized to int8
+per 32 inputs as llama.cpp does: 2.5-3x torch's ops here. Elsewhere torch's CPU weight-only ops: int4 with
+d and the zero m + 8 d rounded to bf16 (torch computes (q - 8) scale + zero), int8 per output channel
+(s = max |W[n]| / 127; Q8_0 blocks are re-quantized so), on bf16 activations (their fp32 path is 20x slower).
 """
 import logging
-import os
-from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
+from rosefast.models import quant_ops
+from rosefast.models.gguf_blocks import GROUP, LINEARS, cached_blocks, dequantize_q8_0
 from rosefast.models.packed import PackedLinear
+from rosefast.models.quant_tiles import pack_q4_1_tiles, pack_q8_0_tiles
 
 log = logging.getLogger("rosefast.engine")
 
-GROUP = 32
 MODES = ("none", "int8", "int4", "auto")
-LINEARS = ("qkv", "o", "gate_up", "down")
-_Q4_1_BYTES = 20   # fp16 d, fp16 m, 16 bytes of nibbles: weights 0-15 in the low nibbles, 16-31 in the high
-BLOCKS_FILE = "q4_1_blocks.safetensors"   # beside a converted GGUF: its linears' blocks, read in milliseconds
 
 
-class Int4Linear(nn.Module):
-    """y = x W^T + b with W held as 4-bit values, a bf16 scale and zero per 32 inputs (torch's int4 pack)."""
+def block_kernels():
+    """Our block kernels when this CPU runs them, else None (torch's weight-only ops)."""
+    return quant_ops.impl if quant_ops.impl.fast() else None
 
-    def __init__(self, q, d, m, bias=None):
-        """q: [N, K] integers 0..15; d, m: [N, K / 32] float (Q4_1's scale and min)."""
+
+class _TiledLinear(nn.Module):
+    """What the two quantized linears share: run on our kernels' tiles, or on torch's op."""
+
+    def _tiled(self, x, m, q8):
+        dt = x.dtype
+        if x.dim() == 2 and (dt is torch.float32 or dt is torch.bfloat16):   # the model's case: no reshaping
+            # (each no-op reshape, view or .to costs 0.5-4 us here, 120 linears a step)
+            return self.kernels.linear(x.contiguous(), self.tiles, self.d, m, self.bias, self.out_features, q8)
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16 if dt is torch.bfloat16 else torch.float32)
+        y = self.kernels.linear(x2.contiguous(), self.tiles, self.d, m, self.bias, self.out_features, q8)
+        return y.to(dt).view(*x.shape[:-1], self.out_features)
+
+    def _bias(self, bias):
+        return None if bias is None else bias.detach().to(torch.float32 if self.kernels else torch.bfloat16)
+
+
+class Int4Linear(_TiledLinear):
+    """y = x W^T + b with W as Q4_1: 4-bit q, a scale d and a min m per 32 inputs."""
+
+    def __init__(self, q, d, m, bias=None, kernels="auto"):
+        """q: [N, K] integers 0..15; d, m: [N, K / 32] float (Q4_1's scale and min); kernels: "auto" (ours
+        where the CPU runs them), a quant_ops flavour, or None (torch's op)."""
         super().__init__()
         self.out_features, self.in_features = q.shape
+        self.kernels = block_kernels() if kernels == "auto" else kernels
+        self.bias = self._bias(bias)
+        if self.kernels is not None:
+            self.tiles, self.d, self.m = pack_q4_1_tiles(q, d, m)
+            self.kernels.check_tiles(self.tiles, self.d, self.m, self.bias, *q.shape, False)
+            return
         scale, zero = d.to(torch.float32), m.to(torch.float32) + 8 * d.to(torch.float32)
         self.scales_zeros = torch.stack((scale.t(), zero.t()), dim=-1).to(torch.bfloat16).contiguous()  # [K/G, N, 2]
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 2)
-        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
 
     def forward(self, x):
+        if self.kernels is not None:
+            return self._tiled(x, self.m, False)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype)
 
+    def nbytes(self):
+        if self.kernels is not None:
+            return self.tiles.numel() + 2 * (self.d.numel() + self.m.numel())
+        return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
+
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, int4 group {GROUP}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, Q4_1 group {GROUP}, "
+                f"{'block kernels' if self.kernels is not None else 'torch int4 op'}")
 
 
-class Int8Linear(nn.Module):
-    """y = x W^T + b with W held as int8 with one bf16 scale per output channel."""
+class Int8Linear(_TiledLinear):
+    """y = x W^T + b with W as int8: Q8_0 blocks (a scale per 32 inputs) on our kernels, per output channel
+    on torch's op."""
 
-    def __init__(self, q, scale, bias=None):
+    def __init__(self, q, scale, bias=None, kernels="auto"):
+        """q: [N, K] int8; scale: [N] (per channel) or [N, K / 32] (Q8_0's d)."""
         super().__init__()
         self.out_features, self.in_features = q.shape
+        self.kernels = block_kernels() if kernels == "auto" else kernels
+        self.bias = self._bias(bias)
+        if self.kernels is not None:
+            blocks = scale if scale.dim() == 2 else scale[:, None].expand(-1, self.in_features // GROUP)
+            self.tiles, self.d = pack_q8_0_tiles(q, blocks)
+            self.kernels.check_tiles(self.tiles, self.d, None, self.bias, *q.shape, True)
+            return
+        if scale.dim() == 2:
+            q, scale = quantize_int8(dequantize_q8_0(q, scale))
         self.q = q.to(torch.int8).contiguous()
         self.scale = scale.to(torch.bfloat16).contiguous()
-        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+
+    @classmethod
+    def from_weight(cls, weight, bias=None):
+        """Quantized at load: Q8_0 blocks for our kernels, per channel for torch's op."""
+        kernels = block_kernels()
+        return cls(*(quantize_q8_0 if kernels is not None else quantize_int8)(weight), bias, kernels=kernels)
 
     def forward(self, x):
+        if self.kernels is not None:
+            return self._tiled(x, None, True)
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype)
 
+    def nbytes(self):
+        if self.kernels is not None:
+            return self.tiles.numel() + 2 * self.d.numel()
+        return self.q.numel() + self.scale.numel() * 2
+
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{'Q8_0 on block kernels' if self.kernels is not None else 'int8 per channel, torch op'}")
 
 
 def quantize_q4_1(weight):
@@ -84,111 +142,21 @@ def quantize_q4_1(weight):
     return q.reshape(n, k), d, m
 
 
+def quantize_q8_0(weight):
+    """[N, K] float -> (q [N, K] int8, d [N, K / 32] fp16): Q8_0 as llama.cpp makes it."""
+    n, k = weight.shape
+    w = weight.to(torch.float32).reshape(n, k // GROUP, GROUP)
+    amax = w.abs().amax(dim=-1)
+    d = (amax / 127).to(torch.float16)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (w * inv[..., None]).round().clamp(-127, 127).to(torch.int8).reshape(n, k), d
+
+
 def quantize_int8(weight):
     """[N, K] float -> (q int8, scale [N] fp32): symmetric per output channel."""
     w = weight.to(torch.float32)
     scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
     return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
-
-
-def unpack_q4_1(raw, n, k):
-    """Q4_1 blocks of an [n, k] tensor (uint8 [n, k / 32 x 20]) -> (q [n, k] uint8, d, m [n, k / 32] fp16)."""
-    blocks = np.ascontiguousarray(raw).reshape(n, k // GROUP, _Q4_1_BYTES)
-    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0])
-    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0])
-    nib = torch.from_numpy(blocks[..., 4:].copy())                                          # [n, k/32, 16]
-    q = torch.cat((nib & 0x0F, nib >> 4), dim=-1)                                           # [n, k/32, 32]
-    return q.reshape(n, k), d, m
-
-
-def dequantize_q4_1(q, d, m):
-    """Q4_1 in fp32 as gguf computes it: d q + m per group."""
-    n, k = q.shape
-    w = d.to(torch.float32)[..., None] * q.reshape(n, k // GROUP, GROUP).to(torch.float32) + m.to(torch.float32)[..., None]
-    return w.reshape(n, k)
-
-
-def _rope_rows(n, heads):
-    """The row order that undoes llama.cpp's q/k permutation (what transformers applies to these tensors)."""
-    return torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
-
-
-def gguf_q4_1_layers(path, args):
-    """{layer index: {linear name: (q, d, m)}} from a GGUF whose linear weights are all Q4_1 (our fused q|k|v
-    and gate|up rows; q/k rows in Hugging Face's order), or None when they are not."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    tensors = {t.name: t for t in reader.tensors}
-    names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
-             "down": "ffn_down"}
-    layers = {}
-    for i in range(args.num_layers):
-        parts = {}
-        for short, name in names.items():
-            t = tensors.get(f"blk.{i}.{name}.weight")
-            if t is None or t.tensor_type != gguf.GGMLQuantizationType.Q4_1:
-                return None
-            k, n = (int(x) for x in t.shape)    # GGUF lists the shape innermost first
-            q, d, m = unpack_q4_1(t.data, n, k)
-            if short in ("q", "k"):
-                rows = _rope_rows(n, args.num_heads if short == "q" else args.num_kv_heads)
-                q, d, m = q[rows], d[rows], m[rows]
-            parts[short] = (q, d, m)
-        cat = lambda *keys: tuple(torch.cat([parts[x][j] for x in keys]) for j in range(3))  # noqa: E731
-        layers[i] = {"qkv": cat("q", "k", "v"), "o": parts["o"], "gate_up": cat("gate", "up"), "down": parts["down"]}
-    return layers
-
-
-def cached_q4_1_layers(gguf_path, args, cache_dir):
-    """gguf_q4_1_layers, kept in `cache_dir` (the converted model's directory) after the first start: the gguf
-    package's reader parses every metadata field in Python (~4 s for the embedded model's tokenizer on this
-    machine), while the blocks' own file (the same numbers: 4-bit values two to a byte, fp16 d and m) loads in
-    milliseconds. A file whose linears are not Q4_1 is remembered as such."""
-    if cache_dir is None:
-        return gguf_q4_1_layers(gguf_path, args)
-    path = Path(cache_dir) / BLOCKS_FILE
-    if path.is_file():
-        try:
-            return _load_blocks(path, args)
-        except Exception as e:  # noqa: BLE001 - a damaged cache is rebuilt from the file
-            log.warning("quantization: ignoring the unreadable %s (%s); reading the GGUF again", path, e)
-    layers = gguf_q4_1_layers(gguf_path, args)
-    try:
-        _save_blocks(path, layers)
-    except OSError as e:
-        log.warning("quantization: could not keep the Q4_1 blocks in %s (%s)", path, e)
-    return layers
-
-
-def _save_blocks(path, layers):
-    from safetensors.torch import save_file
-
-    tensors = {}
-    for i, parts in (layers or {}).items():
-        for name, (q, d, m) in parts.items():
-            tensors[f"{i}.{name}.q"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-            tensors[f"{i}.{name}.d"], tensors[f"{i}.{name}.m"] = d.contiguous(), m.contiguous()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp), metadata={"q4_1": "1" if layers else "0"})
-    os.replace(tmp, path)
-
-
-def _load_blocks(path, args):
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        if f.metadata().get("q4_1") != "1":
-            return None
-        layers = {}
-        for i in range(args.num_layers):
-            layers[i] = {}
-            for name in LINEARS:
-                packed = f.get_tensor(f"{i}.{name}.q")
-                q = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
-                # copies: nothing may keep the file's mapping (a later start may replace the file)
-                layers[i][name] = (q, f.get_tensor(f"{i}.{name}.d").clone(), f.get_tensor(f"{i}.{name}.m").clone())
-    return layers
 
 
 def check_mode(mode, device):
@@ -212,12 +180,12 @@ def head_mode(setting, linears):
 
 def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head, by `head_mode(head, mode)`) by quantized
-    ones; int4 takes a GGUF file's Q4_1 blocks as they are when `gguf_path` has them (kept in `cache_dir` for
-    the next start); "auto" is int4 when it has them, else nothing. Returns (layers replaced, source)."""
+    ones; int4 takes a GGUF file's Q4_1 blocks as they are when `gguf_path` has them, an int8 head its Q8_0 ones
+    (kept in `cache_dir` for the next start); "auto" is int4 when it has them, else nothing. Returns (layers
+    replaced, source)."""
     if mode == "none":
         return 0, None
-    from_file = cached_q4_1_layers(gguf_path, model.args, cache_dir) \
-        if mode in ("int4", "auto") and gguf_path is not None else None
+    from_file = cached_blocks(gguf_path, model.args, cache_dir) if gguf_path is not None else None
     if mode == "auto":
         if from_file is None or next(model.parameters()).device.type != "cpu":
             return 0, None
@@ -231,15 +199,23 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None):
                 q, d, m = from_file[i][name] if from_file is not None else quantize_q4_1(linear.weight)
                 setattr(layer, name, Int4Linear(q, d, m, bias))
             else:
-                setattr(layer, name, Int8Linear(*quantize_int8(linear.weight), bias))
+                setattr(layer, name, Int8Linear.from_weight(linear.weight, bias))
             count += 1
     head = head_mode(head, mode)
+    head_source = "quantized at load"
     if head != "none":
         weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
-        model.lm_head = Int4Linear(*quantize_q4_1(weight)) if head == "int4" else Int8Linear(*quantize_int8(weight))
+        if head == "int4":
+            model.lm_head = Int4Linear(*quantize_q4_1(weight))
+        elif from_file is not None and "head" in from_file:
+            model.lm_head, head_source = Int8Linear(*from_file["head"]), "the GGUF's Q8_0 blocks"
+        else:
+            model.lm_head = Int8Linear.from_weight(weight)
         count += 1
-    source = "the GGUF's Q4_1 blocks" if from_file is not None else "quantized at load"
-    log.info("quantization %s: %d linear layers (%s), lm_head %s", mode, count, source, head)
+    source = "the GGUF's Q4_1 blocks" if from_file is not None and mode == "int4" else "quantized at load"
+    kernels = "our block kernels" if block_kernels() is not None else "torch's weight-only ops"
+    log.info("quantization %s: %d linear layers (%s), lm_head %s (%s), on %s", mode, count, source, head,
+             head_source if head != "none" else "as loaded", kernels)
     return count, source
 
 
@@ -247,11 +223,8 @@ def weight_bytes(model):
     """(bytes of the weights as served, their count) — quantized layers at their packed size."""
     total = params = 0
     for module in model.modules():
-        if isinstance(module, Int4Linear):
-            total += module.packed.numel() * module.packed.element_size() + module.scales_zeros.numel() * 2
-            params += module.out_features * module.in_features
-        elif isinstance(module, Int8Linear):
-            total += module.q.numel() + module.scale.numel() * 2
+        if isinstance(module, (Int4Linear, Int8Linear)):
+            total += module.nbytes()
             params += module.out_features * module.in_features
         elif isinstance(module, PackedLinear):   # oneDNN's bf16 copy (of the embedding too, for a tied head)
             total += module.out_features * module.in_features * 2

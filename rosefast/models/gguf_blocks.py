@@ -1,0 +1,149 @@
+"""A GGUF file's quantized blocks, taken as they are for the quantized linears (rosefast.models.quant): the
+layers' Q4_1 linears and a Q8_0 lm_head (the tied embedding, or `output.weight`).
+
+    blocks = cached_blocks(gguf_path, args, cache_dir)   # {i: {"qkv": (q, d, m), ...}, "head": (q, d) or absent}
+
+Q4_1 is 20 bytes per 32 weights (fp16 d, fp16 m, 16 bytes of nibbles: weights 0-15 low, 16-31 high),
+W = d q + m; Q8_0 is 34 (fp16 d, 32 int8), W = d q. The blocks are kept beside the converted model after the
+first start: the gguf package's reader parses every metadata field in Python (~4 s for the embedded model's
+tokenizer on this machine), the blocks' own file loads in milliseconds.
+"""
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger("rosefast.engine")
+
+GROUP = 32
+LINEARS = ("qkv", "o", "gate_up", "down")
+_Q4_1_BYTES, _Q8_0_BYTES = 20, 34
+BLOCKS_FILE = "gguf_blocks.safetensors"
+_FORMAT = "2"    # 1: Q4_1 linears only (no head); a file of another format is rebuilt from the GGUF
+
+
+def unpack_q4_1(raw, n, k):
+    """Q4_1 blocks of an [n, k] tensor (uint8 [n, k / 32 x 20]) -> (q [n, k] uint8, d, m [n, k / 32] fp16)."""
+    blocks = np.ascontiguousarray(raw).reshape(n, k // GROUP, _Q4_1_BYTES)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0])
+    nib = torch.from_numpy(blocks[..., 4:].copy())                                          # [n, k/32, 16]
+    q = torch.cat((nib & 0x0F, nib >> 4), dim=-1)                                           # [n, k/32, 32]
+    return q.reshape(n, k), d, m
+
+
+def unpack_q8_0(raw, n, k):
+    """Q8_0 blocks of an [n, k] tensor (uint8 [n, k / 32 x 34]) -> (q [n, k] int8, d [n, k / 32] fp16)."""
+    blocks = np.ascontiguousarray(raw).reshape(n, k // GROUP, _Q8_0_BYTES)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    q = torch.from_numpy(blocks[..., 2:].copy().view(np.int8))
+    return q.reshape(n, k), d
+
+
+def dequantize_q4_1(q, d, m):
+    """Q4_1 in fp32 as gguf computes it: d q + m per group."""
+    n, k = q.shape
+    w = d.to(torch.float32)[..., None] * q.reshape(n, k // GROUP, GROUP).to(torch.float32) + m.to(torch.float32)[..., None]
+    return w.reshape(n, k)
+
+
+def dequantize_q8_0(q, d):
+    n, k = q.shape
+    return (d.to(torch.float32)[..., None] * q.reshape(n, k // GROUP, GROUP).to(torch.float32)).reshape(n, k)
+
+
+def _rope_rows(n, heads):
+    """The row order that undoes llama.cpp's q/k permutation (what transformers applies to these tensors)."""
+    return torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
+
+
+def gguf_blocks(path, args):
+    """{layer index: {linear name: (q, d, m)}} from a GGUF whose linear weights are all Q4_1 (our fused q|k|v
+    and gate|up rows; q/k rows in Hugging Face's order), plus "head": (q, d) when its lm_head is Q8_0; or None
+    when the linears are not all Q4_1."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
+             "down": "ffn_down"}
+    layers = {}
+    for i in range(args.num_layers):
+        parts = {}
+        for short, name in names.items():
+            t = tensors.get(f"blk.{i}.{name}.weight")
+            if t is None or t.tensor_type != gguf.GGMLQuantizationType.Q4_1:
+                return None
+            k, n = (int(x) for x in t.shape)    # GGUF lists the shape innermost first
+            q, d, m = unpack_q4_1(t.data, n, k)
+            if short in ("q", "k"):
+                rows = _rope_rows(n, args.num_heads if short == "q" else args.num_kv_heads)
+                q, d, m = q[rows], d[rows], m[rows]
+            parts[short] = (q, d, m)
+        cat = lambda *keys: tuple(torch.cat([parts[x][j] for x in keys]) for j in range(3))  # noqa: E731
+        layers[i] = {"qkv": cat("q", "k", "v"), "o": parts["o"], "gate_up": cat("gate", "up"), "down": parts["down"]}
+    head = tensors.get("token_embd.weight" if args.tie_word_embeddings else "output.weight")
+    if head is not None and head.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+        k, n = (int(x) for x in head.shape)
+        layers["head"] = unpack_q8_0(head.data, n, k)
+    return layers
+
+
+def cached_blocks(gguf_path, args, cache_dir):
+    """gguf_blocks, kept in `cache_dir` (the converted model's directory) after the first start. A file whose
+    linears are not Q4_1 is remembered as such."""
+    if cache_dir is None:
+        return gguf_blocks(gguf_path, args)
+    path = Path(cache_dir) / BLOCKS_FILE
+    if path.is_file():
+        try:
+            return _load_blocks(path, args)
+        except Exception as e:  # noqa: BLE001 - a damaged cache is rebuilt from the file
+            log.warning("quantization: ignoring the unreadable %s (%s); reading the GGUF again", path, e)
+    layers = gguf_blocks(gguf_path, args)
+    try:
+        _save_blocks(path, layers)
+    except OSError as e:
+        log.warning("quantization: could not keep the GGUF's blocks in %s (%s)", path, e)
+    return layers
+
+
+def _save_blocks(path, layers):
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for i, parts in (layers or {}).items():
+        if i == "head":
+            tensors["head.q"], tensors["head.d"] = parts[0].contiguous(), parts[1].contiguous()
+            continue
+        for name, (q, d, m) in parts.items():
+            tensors[f"{i}.{name}.q"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+            tensors[f"{i}.{name}.d"], tensors[f"{i}.{name}.m"] = d.contiguous(), m.contiguous()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata={"format": _FORMAT, "q4_1": "1" if layers else "0"})
+    os.replace(tmp, path)
+    (path.parent / "q4_1_blocks.safetensors").unlink(missing_ok=True)   # the first format's file, superseded
+
+
+def _load_blocks(path, args):
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"format {meta.get('format')!r}, not {_FORMAT}")
+        if meta.get("q4_1") != "1":
+            return None
+        layers = {}
+        for i in range(args.num_layers):
+            layers[i] = {}
+            for name in LINEARS:
+                packed = f.get_tensor(f"{i}.{name}.q")
+                q = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+                # copies: nothing may keep the file's mapping (a later start may replace the file)
+                layers[i][name] = (q, f.get_tensor(f"{i}.{name}.d").clone(), f.get_tensor(f"{i}.{name}.m").clone())
+        if "head.q" in f.keys():
+            layers["head"] = (f.get_tensor("head.q").clone(), f.get_tensor("head.d").clone())
+    return layers
