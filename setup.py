@@ -10,9 +10,9 @@ from setuptools import Extension, setup
 
 # One entry per accelerated module: <package>/_<name>_c.pyx beside _<name>_py.py.
 COMPILED_MODULES = ["frontend/admission", "frontend/collector", "frontend/fanout", "models/kernels",
-                    "engine/sample_ops", "models/quant_ops"]
+                    "engine/sample_ops", "models/quant_ops", "models/decode_layer"]
 # The model kernels split their work with OpenMP: the same libgomp torch loads, so one thread pool.
-OPENMP_MODULES = {"models/kernels", "engine/sample_ops", "models/quant_ops"}
+OPENMP_MODULES = {"models/kernels", "engine/sample_ops", "models/quant_ops", "models/decode_layer"}
 
 
 def _flag(name):

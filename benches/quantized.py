@@ -1,7 +1,8 @@
 """Quantized linears (ROSEFAST_QUANTIZATION), one run: decode tok/s at 1, 8 and 32 concurrent requests for
 none / int8 / int4, the lm_head as loaded or quantized (int8, int4), each beside the floor that reading its
 weights once per step at this machine's measured memory bandwidth allows, and one batch-1 decode step's
-time at a 64-token context (the steadier measure on a shared machine: the best of --step-runs x 10 steps).
+time at a 64-token context (the steadier measure on a shared machine: the best of --step-runs x 10 steps),
+and where the layers run as one call each (rosefast.models.decode_layer) the same step one op at a time.
 
     python -m benches.quantized --tokens 64
 """
@@ -66,9 +67,9 @@ def main(argv=None):
     bw = bandwidth_gb_s()
     print(f"read bandwidth {bw:.1f} GB/s; {a.tokens} greedy tokens per request; dtype {a.dtype}; "
           f"{torch.get_num_threads()} threads")
-    print("| quantization | lm_head | MB read per step | floor tok/s at c=1 | B=1 step ms | " +
+    print("| quantization | lm_head | MB read per step | floor tok/s at c=1 | B=1 step ms | per-op step ms | " +
           " | ".join(f"c={c} tok/s" for c in levels) + " |")
-    print("|---|---|---|---|---|" + "---|" * len(levels))
+    print("|---|---|---|---|---|---|" + "---|" * len(levels))
     rows = []
     for mode in ("none", "int8", "int4"):
         for head in {"none": ("none",), "int8": ("none", "int8"), "int4": ("none", "int8", "int4")}[mode]:
@@ -76,10 +77,16 @@ def main(argv=None):
                                quantization=mode, quantize_lm_head=head)
             size = step_bytes(engine.runner.model)
             step = min(timed(ours_step(engine.runner, 1, 64), 10) for _ in range(a.step_runs))
+            model, per_op = engine.runner.model, None
+            plans = getattr(model, "decode_plans", None)
+            if plans is not None:
+                model.decode_plans = None
+                per_op = min(timed(ours_step(engine.runner, 1, 64), 10) for _ in range(a.step_runs))
+                model.decode_plans = plans
             rates = [tok_s(engine, c, a.tokens) for c in levels]
             rows.append((mode, head, size, rates, step))
             print(f"| {mode} | {head if head != 'none' else 'as loaded'} | {size / 1e6:.0f} | {bw * 1e9 / size:.0f} | "
-                  f"{step:.1f} | " +
+                  f"{step:.1f} | {'-' if per_op is None else f'{per_op:.1f}'} | " +
                   " | ".join(f"{r:.1f}" for r in rates) + " |", flush=True)
     return rows
 

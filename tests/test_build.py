@@ -14,12 +14,13 @@ from tests.conftest import REQUIRE_EXTENSIONS
 @pytest.mark.skipif(not REQUIRE_EXTENSIONS, reason="ROSEFAST_REQUIRE_EXTENSIONS=1 not set (the test command sets it)")
 def test_compiled_flavour_is_live_when_required():
     assert rosefast.EXTENSIONS, "the build promised compiled modules but the pure-Python twins are live"
-    from rosefast.models import kernels, quant_ops
+    from rosefast.models import decode_layer, kernels, quant_ops
 
     for module in ACCELERATED + (kernels,):
         assert module._impl.__name__.endswith("_c"), module.__name__
         assert module._impl.__file__.endswith(".so"), module._impl.__file__
-    assert quant_ops.impl.__file__.endswith(".so"), quant_ops.impl.__file__
+    for module in (quant_ops, decode_layer):
+        assert module.impl.__file__.endswith(".so"), module.impl.__file__
 
 
 def _flavours_in_subprocess(no_extensions):
@@ -28,8 +29,9 @@ def _flavours_in_subprocess(no_extensions):
     if no_extensions:
         env["ROSEFAST_NO_EXTENSIONS"] = "1"
     code = ("import json, rosefast; from rosefast.frontend import ACCELERATED; "
-            "from rosefast.models import kernels, quant_ops; print(json.dumps([rosefast.EXTENSIONS, "
-            "[m._impl.__name__ for m in ACCELERATED + (kernels,)] + [quant_ops.impl.__name__]]))")
+            "from rosefast.models import decode_layer, kernels, quant_ops; print(json.dumps([rosefast.EXTENSIONS, "
+            "[m._impl.__name__ for m in ACCELERATED + (kernels,)] + [quant_ops.impl.__name__, "
+            "decode_layer.impl.__name__]]))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

@@ -67,6 +67,8 @@ class ModelRunner:
             quantize_linears(self.model, config.quantization, source, head=config.quantize_lm_head,
                              cache_dir=resolved.path if source is not None else None)
             pack_linears(self.model, batch_hint=config.max_batch_size)
+            if hasattr(self.model, "plan_decode_layers") and self.model.plan_decode_layers():
+                log.info("decode steps: one call per layer (the linears on the block kernels)")
             size, count = weight_bytes(self.model)
             log.info("weights: %.1f MB, %.2f bytes per weight (%s, quantization %s)", size / 1e6, size / count,
                      self.dtype, config.quantization)

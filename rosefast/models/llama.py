@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rosefast.models import kernels
+from rosefast.models import decode_layer, kernels
 from rosefast.models.layers import attention, rope_cache
 
 
@@ -46,6 +46,15 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cache(args, args.max_position_embeddings)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.decode_plans = None   # one call per layer for decode steps (plan_decode_layers)
+
+    def plan_decode_layers(self):
+        """Decode steps as one call per layer (rosefast.models.decode_layer) when every layer fits there (its
+        linears on the block kernels, on the CPU). Returns whether they do."""
+        impl = decode_layer.impl
+        fits = all(impl.fits(layer) for layer in self.layers)
+        self.decode_plans = [impl.LayerPlan(layer) for layer in self.layers] if fits else None
+        return fits
 
     def forward(self, input_ids, positions, meta, kv_caches):
         """input_ids, positions: [T] -> hidden states [T, hidden] (before the final norm)."""
@@ -53,6 +62,10 @@ class LlamaModel(nn.Module):
         ops = kernels.for_tensor(x)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]     # [T, D] each
         residual = None
+        if self.decode_plans is not None and not meta.is_prefill:
+            for plan, (k_cache, v_cache) in zip(self.decode_plans, kv_caches):
+                x, residual = plan(x, residual, cos, sin, meta, k_cache, v_cache)
+            return x.add_(residual)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, residual = layer.forward(x, residual, cos, sin, meta, k_cache, v_cache, ops)
         return x.add_(residual)

@@ -1,0 +1,187 @@
+# cython: language_level=3
+"""One Llama layer's decode step as one call: RMSNorm, the q|k|v linear, RoPE and the K/V store, paged
+attention, the o linear, RMSNorm, gate|up, SiLU-mul and down, each the C kernel the per-op path runs
+(csrc/decode_kernels.h, csrc/quant_kernels.h) in the same order, so the results are the same bits; twin:
+_decode_layer_py (the layer's own forward). For layers whose four linears run on the block kernels
+(rosefast.models.quant), fp32 or bf16, on the CPU.
+
+    if fits(layer): plan = LayerPlan(layer)                       # once: the weights' pointers
+    x, mlp_out = plan(x, residual, cos, sin, meta, k_cache, v_cache)   # as layer.forward for a decode step
+
+The per-op path paid ~6-10 us of Python wrapping a call, nine calls a layer: ~2 ms of a ~10 ms step
+here at batch 1. One call checks its tensors once and takes its scratch from one allocation.
+"""
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
+
+import torch
+
+cdef extern from "decode_kernels.h" nogil:
+    void rf_rms_norm_f32(float *x, const float *y, const float *w, float *out, int64_t rows, int64_t n, float eps)
+    void rf_rms_norm_bf16(uint16_t *x, const uint16_t *y, const uint16_t *w, uint16_t *out, int64_t rows,
+                          int64_t n, float eps)
+    void rf_store_kv_f32(float *qkv, int64_t tokens, int nh, int nkv, int D, const int64_t *slots,
+                         const float *cos, const float *sin, float *kpool, float *vpool, int64_t pool_slots)
+    void rf_store_kv_bf16(uint16_t *qkv, int64_t tokens, int nh, int nkv, int D, const int64_t *slots,
+                          const uint16_t *cos, const uint16_t *sin, uint16_t *kpool, uint16_t *vpool,
+                          int64_t pool_slots)
+    int rf_decode_attention_f32(const float *qkv, int64_t B, int nh, int nkv, int D, const float *kpool,
+                                const float *vpool, int64_t pool_slots, int block_size,
+                                const int64_t *block_tables, int64_t width, const int64_t *context_lens,
+                                float scale, float *out)
+    int rf_decode_attention_bf16(const uint16_t *qkv, int64_t B, int nh, int nkv, int D, const uint16_t *kpool,
+                                 const uint16_t *vpool, int64_t pool_slots, int block_size,
+                                 const int64_t *block_tables, int64_t width, const int64_t *context_lens,
+                                 float scale, uint16_t *out)
+    void rf_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)
+    void rf_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t n)
+
+cdef extern from "quant_kernels.h" nogil:
+    int rf_quant_cpu_ok()
+    int rf_quant_linear(int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m, const float *bias,
+                        const void *x, int x_bf16, int64_t B, int64_t N, int64_t K, void *y, int y_bf16)
+
+cdef object F32 = torch.float32
+cdef object BF16 = torch.bfloat16
+cdef object I64 = torch.int64
+
+cdef struct Linear:
+    const uint8_t *w
+    const uint16_t *d
+    const uint16_t *m
+    const float *bias
+    int64_t n, k
+    int q8
+
+
+def fits(layer):
+    """Whether `layer` (a LlamaLayer) can run here: its four linears on the compiled block kernels."""
+    if not rf_quant_cpu_ok() or not layer.input_norm.is_cpu or layer.input_norm.dtype not in (F32, BF16):
+        return False
+    from rosefast.models import _quant_ops_c
+    return all(getattr(getattr(layer, name), "kernels", None) is _quant_ops_c and hasattr(getattr(layer, name), "tiles")
+               for name in ("qkv", "o", "gate_up", "down"))
+
+
+cdef inline uintptr_t _ptr(t, dtype, str name) except 0:
+    if t.dtype is not dtype or not t.is_cpu or not t.is_contiguous() or t.numel() == 0:
+        raise ValueError(f"decode_layer: {name} must be a non-empty contiguous CPU {dtype} tensor, got {t.dtype} "
+                         f"{tuple(t.shape)} on {t.device}")
+    return <uintptr_t>t.data_ptr()
+
+
+cdef class LayerPlan:
+    """A layer's weights as pointers (the layer keeps them alive; so does the plan)."""
+    cdef Linear lin[4]
+    cdef uintptr_t input_norm, post_norm
+    cdef readonly object layer
+    cdef int nh, nkv, D
+    cdef int64_t hidden, inter, qkv_n
+    cdef float eps, scale
+    cdef object dtype
+
+    def __init__(self, layer):
+        if not fits(layer):
+            raise ValueError("decode_layer: the layer's linears are not all on the block kernels")
+        a = layer.args
+        self.layer = layer
+        self.dtype = layer.input_norm.dtype
+        if self.dtype is not F32 and self.dtype is not BF16:
+            raise ValueError(f"decode_layer: float32 or bfloat16 layers only, got {self.dtype}")
+        self.nh, self.nkv, self.D = a.num_heads, a.num_kv_heads, a.head_dim
+        self.hidden, self.inter = a.hidden_size, a.intermediate_size
+        self.qkv_n = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
+        self.eps, self.scale = a.norm_eps, layer.scale
+        self.input_norm = _ptr(layer.input_norm.data, self.dtype, "input_norm")
+        self.post_norm = _ptr(layer.post_norm.data, self.dtype, "post_norm")
+        shapes = ((self.qkv_n, self.hidden), (self.hidden, self.nh * self.D), (2 * self.inter, self.hidden),
+                  (self.hidden, self.inter))
+        for i, name in enumerate(("qkv", "o", "gate_up", "down")):
+            lin = getattr(layer, name)
+            q8 = not hasattr(lin, "m")
+            if (lin.out_features, lin.in_features) != shapes[i]:
+                raise ValueError(f"decode_layer: {name} is [{lin.out_features}, {lin.in_features}], the layer "
+                                 f"needs {list(shapes[i])}")
+            self.lin[i].w = <const uint8_t *><uintptr_t>lin.tiles.data_ptr()
+            self.lin[i].d = <const uint16_t *><uintptr_t>lin.d.data_ptr()
+            self.lin[i].m = NULL if q8 else <const uint16_t *><uintptr_t>lin.m.data_ptr()
+            self.lin[i].bias = NULL if lin.bias is None else <const float *><uintptr_t>lin.bias.data_ptr()
+            self.lin[i].n, self.lin[i].k, self.lin[i].q8 = lin.out_features, lin.in_features, q8
+
+    def __call__(self, x, residual, cos, sin, meta, k_cache, v_cache):
+        """x [B, hidden]: the residual stream, updated in place; residual: the previous layer's MLP output or
+        None. Returns (x, this layer's MLP output), as LlamaLayer.forward does for a decode step."""
+        return _decode(self, x, residual, cos, sin, meta, k_cache, v_cache)
+
+
+cdef inline int _linear(Linear *l, const void *x, int bf16, int64_t B, void *y) noexcept nogil:
+    return rf_quant_linear(l.q8, l.w, l.d, l.m, l.bias, x, bf16, B, l.n, l.k, y, bf16)
+
+
+cdef _decode(LayerPlan plan, x, residual, cos, sin, meta, k_cache, v_cache):
+    dt = plan.dtype
+    cdef bint bf16 = dt is BF16
+    cdef int64_t B = x.shape[0], H = plan.hidden, I = plan.inter, QKV = plan.qkv_n
+    cdef int nh = plan.nh, nkv = plan.nkv, D = plan.D
+    if x.dim() != 2 or x.shape[1] != H:
+        raise ValueError(f"decode_layer: x must be [B, {H}], got {tuple(x.shape)}")
+    tables, lens, slots = meta.block_tables, meta.context_lens, meta.slot_mapping
+    if tables.dim() != 2 or tables.shape[0] != B or lens.numel() != B or slots.numel() != B:
+        raise ValueError(f"decode_layer: block_tables {tuple(tables.shape)}, context_lens {tuple(lens.shape)} and "
+                         f"slots {tuple(slots.shape)} must have one row per sequence ({B})")
+    if k_cache.dim() != 4 or k_cache.shape[0] != nkv or k_cache.shape[3] != D or k_cache.shape != v_cache.shape:
+        raise ValueError(f"decode_layer: pools {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit "
+                         f"{nkv} KV heads of {D}")
+    if cos.shape[0] != B or cos.shape[1] != D or sin.shape != cos.shape:
+        raise ValueError(f"decode_layer: cos/sin must be [{B}, {D}], got {tuple(cos.shape)}")
+    cdef int64_t width = tables.shape[1], block_size = k_cache.shape[2]
+    cdef int64_t pool_slots = k_cache.shape[1] * block_size
+    cdef uintptr_t px = _ptr(x, dt, "x"), py = 0 if residual is None else _ptr(residual, dt, "residual")
+    if residual is not None and residual.numel() != B * H:
+        raise ValueError(f"decode_layer: residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
+    cdef uintptr_t pc = _ptr(cos, dt, "cos"), ps = _ptr(sin, dt, "sin")
+    cdef uintptr_t pk = _ptr(k_cache, dt, "k_cache"), pv = _ptr(v_cache, dt, "v_cache")
+    cdef uintptr_t pt = _ptr(tables, I64, "block_tables"), pl = _ptr(lens, I64, "context_lens")
+    cdef uintptr_t psl = _ptr(slots, I64, "slot_mapping")
+    out = torch.empty((B, H), dtype=dt)
+    # scratch: h [B, H], qkv [B, QKV], attn [B, nh D], o [B, H], gate_up [B, 2 I], act [B, I]
+    cdef int64_t attn_n = <int64_t>nh * D
+    scratch = torch.empty(B * (2 * H + QKV + attn_n + 3 * I), dtype=dt)
+    cdef uintptr_t po = out.data_ptr(), base = scratch.data_ptr()
+    cdef int64_t es = 2 if bf16 else 4
+    cdef uintptr_t ph = base, pqkv = ph + B * H * es, pa = pqkv + B * QKV * es, pob = pa + B * attn_n * es
+    cdef uintptr_t pgu = pob + B * H * es, pact = pgu + B * 2 * I * es
+    cdef Linear *lin = plan.lin
+    cdef float eps = plan.eps, scale = plan.scale
+    cdef int rc = 0
+    with nogil:
+        if bf16:
+            rf_rms_norm_bf16(<uint16_t *>px, <const uint16_t *>py, <const uint16_t *>plan.input_norm, <uint16_t *>ph,
+                             B, H, eps)
+            rc |= _linear(&lin[0], <void *>ph, 1, B, <void *>pqkv)
+            rf_store_kv_bf16(<uint16_t *>pqkv, B, nh, nkv, D, <const int64_t *>psl, <const uint16_t *>pc,
+                             <const uint16_t *>ps, <uint16_t *>pk, <uint16_t *>pv, pool_slots)
+            rc |= rf_decode_attention_bf16(<const uint16_t *>pqkv, B, nh, nkv, D, <const uint16_t *>pk,
+                                           <const uint16_t *>pv, pool_slots, <int>block_size, <const int64_t *>pt,
+                                           width, <const int64_t *>pl, scale, <uint16_t *>pa)
+            rc |= _linear(&lin[1], <void *>pa, 1, B, <void *>pob)
+            rf_rms_norm_bf16(<uint16_t *>px, <const uint16_t *>pob, <const uint16_t *>plan.post_norm, <uint16_t *>ph,
+                             B, H, eps)
+            rc |= _linear(&lin[2], <void *>ph, 1, B, <void *>pgu)
+            rf_silu_mul_bf16(<const uint16_t *>pgu, <uint16_t *>pact, B, I)
+            rc |= _linear(&lin[3], <void *>pact, 1, B, <void *>po)
+        else:
+            rf_rms_norm_f32(<float *>px, <const float *>py, <const float *>plan.input_norm, <float *>ph, B, H, eps)
+            rc |= _linear(&lin[0], <void *>ph, 0, B, <void *>pqkv)
+            rf_store_kv_f32(<float *>pqkv, B, nh, nkv, D, <const int64_t *>psl, <const float *>pc, <const float *>ps,
+                            <float *>pk, <float *>pv, pool_slots)
+            rc |= rf_decode_attention_f32(<const float *>pqkv, B, nh, nkv, D, <const float *>pk, <const float *>pv,
+                                          pool_slots, <int>block_size, <const int64_t *>pt, width,
+                                          <const int64_t *>pl, scale, <float *>pa)
+            rc |= _linear(&lin[1], <void *>pa, 0, B, <void *>pob)
+            rf_rms_norm_f32(<float *>px, <const float *>pob, <const float *>plan.post_norm, <float *>ph, B, H, eps)
+            rc |= _linear(&lin[2], <void *>ph, 0, B, <void *>pgu)
+            rf_silu_mul_f32(<const float *>pgu, <float *>pact, B, I)
+            rc |= _linear(&lin[3], <void *>pact, 0, B, <void *>po)
+    if rc != 0:
+        raise MemoryError("decode_layer: no memory for the attention's or the linears' work buffers")
+    return x, out

@@ -1,0 +1,10 @@
+"""A Llama layer's decode step as one call on CPU when its linears run on the block kernels: the compiled
+flavour (_decode_layer_c: the same C kernels as the per-op path, one call instead of nine) or its twin (the
+layer's own forward).
+
+    if impl.fits(layer): plan = impl.LayerPlan(layer)          # then, each decode step:
+    x, mlp_out = plan(x, residual, cos, sin, meta, k_cache, v_cache)   # as layer.forward
+"""
+from rosefast._select import select
+
+impl = select("decode_layer", package="rosefast.models")

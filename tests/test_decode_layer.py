@@ -1,0 +1,54 @@
+"""A Llama layer's decode step as one call (rosefast.models.decode_layer) gives the per-op path's bits."""
+import pytest
+import torch
+
+from rosefast.engine.llm_engine import LLMEngine
+from rosefast.models import _decode_layer_py, decode_layer
+from rosefast.models.quant import block_kernels
+from rosefast.models.tiny import tiny_random
+from tests.conftest import REQUIRE_EXTENSIONS
+from tests.paged import run_ours
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9] * 7, [42]]
+
+compiled = decode_layer.impl is not _decode_layer_py
+needs = pytest.mark.skipif(not (compiled and block_kernels() is not None) and not REQUIRE_EXTENSIONS,
+                           reason="needs the compiled flavour and AVX-512 VNNI")
+
+
+def _engine(model, dtype, quantization="int4"):
+    return LLMEngine(model=model, dtype=dtype, device="cpu", kv_cache_tokens=1024, quantization=quantization,
+                     quantize_lm_head="int8")
+
+
+def _decode_logits(runner):
+    """Decode steps' logits (greedy, 5 steps after a packed prefill), from a fresh cache state."""
+    return [step for seq in run_ours(runner, PROMPTS, 5) for step in seq[1:]]
+
+
+@needs
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("bias", [False, True], ids=["llama", "qkv-bias"])
+def test_one_call_per_layer_gives_the_per_op_paths_bits(dtype, bias):
+    model = tiny_random("llama", attention_bias=True) if bias else tiny_random("llama")
+    runner = _engine(model, dtype).runner
+    plans = runner.model.decode_plans
+    assert plans is not None and all(type(p) is decode_layer.impl.LayerPlan for p in plans)
+    fused = _decode_logits(runner)
+    runner.model.decode_plans = [_decode_layer_py.LayerPlan(layer) for layer in runner.model.layers]   # the twin
+    per_op = _decode_logits(runner)
+    runner.model.decode_plans = None                                                                    # no plans
+    plain = _decode_logits(runner)
+    assert len(fused) == 15
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(fused, per_op, plain))
+
+
+@needs
+def test_only_block_kernel_layers_get_a_plan_and_bad_inputs_are_named(tiny_llama):
+    assert _engine(tiny_llama, "float32", quantization="none").runner.model.decode_plans is None
+    runner = _engine(tiny_llama, "float32").runner
+    plan, layer = runner.model.decode_plans[0], runner.model.layers[0]
+    assert not _decode_layer_py.fits(layer) and decode_layer.impl.fits(layer)
+    k, v = runner.kv.layers[0]
+    with pytest.raises(ValueError, match=r"x must be \[B, "):
+        plan(torch.zeros(1, layer.args.hidden_size + 1), None, None, None, None, k, v)
