@@ -1,5 +1,10 @@
 """The engine benchmark scripts run end to end on a tiny model (a smoke test: they cannot rot unnoticed)."""
-from benches import add_request, decode_step, throughput
+import os
+import shutil
+
+import pytest
+
+from benches import add_request, decode_step, llama_cpp, throughput
 
 
 def test_decode_step_prints_ours_floor_and_hf(tiny_llama, capsys):
@@ -22,3 +27,15 @@ def test_add_request_compares_worker_settings(tiny_llama):
     settings = ["control, idle", 0, "0: control under load", 1, "1: control under load"]
     assert [(r[0], r[1]) for r in rows] == [(interval, s) for interval in (0, 1) for s in settings]
     assert all(0 < r[2] <= r[5] for r in rows)
+
+
+def test_the_llama_cpp_comparison_runs_where_a_llama_server_is_built(capsys):
+    """benches/llama_cpp.py against a real llama-server (README: "Beside llama.cpp" builds one); where none is
+    built (ROSEFAST_LLAMA_SERVER names it) there is nothing to compare with."""
+    binary = os.environ.get("ROSEFAST_LLAMA_SERVER") or shutil.which("llama-server")
+    if not binary:
+        pytest.skip("no llama-server built here (set ROSEFAST_LLAMA_SERVER to its path)")
+    rows = llama_cpp.main(["--llama-server", binary, "--tokens", "4", "--rounds", "1", "--concurrent", "1"])
+    assert [(name, c) for name, c, _, _ in rows] == [("llama.cpp", 1), ("rosefast", 1)]
+    assert all(f["completed"] == 1 for *_, f in rows)
+    assert "c=1: rosefast / llama.cpp ITL p50" in capsys.readouterr().out
