@@ -224,12 +224,70 @@ def test_the_q4_1_blocks_are_kept_beside_the_converted_model(default_model, monk
     again = blocks.cached_blocks(source, args, cache)
 
     def same(a, b):
-        return a.keys() == b.keys() and all(torch.equal(x, y) for i in a if i != "head" for n in a[i]
-                                            for x, y in zip(a[i][n], b[i][n])) \
+        return a.keys() == b.keys() and a["linears"] == b["linears"] \
+            and all(torch.equal(x, y) for i in a if isinstance(i, int) for n in a[i] for x, y in zip(a[i][n], b[i][n])) \
             and all(torch.equal(x, y) for x, y in zip(a["head"], b["head"]))
 
-    assert "head" in first and same(first, again) and same(first, read(source, args))
+    assert first["linears"] == "q4_1" and "head" in first and same(first, again) and same(first, read(source, args))
     monkeypatch.undo()
     kept.write_bytes(b"damaged")
     assert same(first, blocks.cached_blocks(source, args, cache))
     assert same(first, blocks._load_blocks(kept, args))   # rewritten whole
+
+
+def _write_q8_0_gguf(path, model):
+    """A GGUF holding `model`'s linears and embedding as Q8_0 (q/k rows in llama.cpp's order), tensors only."""
+    from rosefast.models.gguf_blocks import _rope_rows
+
+    args = load_model_args(model.path)
+    hf = read_hf_state_dict(model.path)
+    writer = gguf.GGUFWriter(str(path), "llama")
+
+    def add(name, weight, heads=None):
+        w = weight.float()
+        if heads:   # the file's order: ours is file[rows]
+            file = torch.empty_like(w)
+            file[_rope_rows(w.shape[0], heads)] = w
+            w = file
+        writer.add_tensor(name, quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0),
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+
+    for i in range(args.num_layers):
+        p = f"model.layers.{i}."
+        add(f"blk.{i}.attn_q.weight", hf[p + "self_attn.q_proj.weight"], args.num_heads)
+        add(f"blk.{i}.attn_k.weight", hf[p + "self_attn.k_proj.weight"], args.num_kv_heads)
+        for name, key in (("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
+                          ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+            add(f"blk.{i}.{name}.weight", hf[p + key + ".weight"])
+    add("token_embd.weight" if args.tie_word_embeddings else "output.weight",
+        hf["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return args, hf
+
+
+def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(tiny_llama, tmp_path):
+    from rosefast.models.loader import load_model
+    from rosefast.models.quant import quantize_linears
+
+    path = tmp_path / "q8_0.gguf"
+    args, hf = _write_q8_0_gguf(path, tiny_llama)
+    blocks = gguf_blocks(path, args)
+    assert blocks["linears"] == "q8_0" and "head" in blocks
+    deq = {t.name: torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float()
+           for t in gguf.GGUFReader(str(path)).tensors}
+    for i in range(args.num_layers):
+        assert torch.equal(dequantize_q8_0(*blocks[i]["o"]), deq[f"blk.{i}.attn_output.weight"])
+        qkv = dequantize_q8_0(*blocks[i]["qkv"])   # back in Hugging Face's row order: near the model's weights
+        want = torch.cat([hf[f"model.layers.{i}.self_attn.{n}_proj.weight"].float() for n in "qkv"])
+        assert (qkv - want).abs().max() <= want.abs().max() / 127
+    model, _ = load_model(tiny_llama, torch.float32, "cpu")
+    count, source = quantize_linears(model, "auto", path, head="auto")   # auto: the file's own int8
+    assert source == "the GGUF's Q8_0 blocks" and count == 4 * args.num_layers + 1
+    layer = model.layers[1].gate_up
+    assert isinstance(layer, Int8Linear) and isinstance(model.lm_head, Int8Linear)
+    if layer.kernels is not None:   # the tiles hold the file's blocks exactly
+        assert all(torch.equal(a, b) for a, b in zip(unpack_q8_0_tiles(layer.tiles, layer.d, layer.out_features),
+                                                      blocks[1]["gate_up"]))

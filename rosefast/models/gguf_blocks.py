@@ -1,7 +1,8 @@
 """A GGUF file's quantized blocks, taken as they are for the quantized linears (rosefast.models.quant): the
-layers' Q4_1 linears and a Q8_0 lm_head (the tied embedding, or `output.weight`).
+layers' linears when all are Q4_1 or all Q8_0, and a Q8_0 lm_head (the tied embedding, or `output.weight`).
 
-    blocks = cached_blocks(gguf_path, args, cache_dir)   # {i: {"qkv": (q, d, m), ...}, "head": (q, d) or absent}
+    blocks = cached_blocks(gguf_path, args, cache_dir)
+    # {"linears": "q4_1" | "q8_0", i: {"qkv": (q, d, m) or (q, d), ...}, "head": (q, d) or absent} or None
 
 Q4_1 is 20 bytes per 32 weights (fp16 d, fp16 m, 16 bytes of nibbles: weights 0-15 low, 16-31 high),
 W = d q + m; Q8_0 is 34 (fp16 d, 32 int8), W = d q. The blocks are kept beside the converted model after the
@@ -21,7 +22,7 @@ GROUP = 32
 LINEARS = ("qkv", "o", "gate_up", "down")
 _Q4_1_BYTES, _Q8_0_BYTES = 20, 34
 BLOCKS_FILE = "gguf_blocks.safetensors"
-_FORMAT = "2"    # 1: Q4_1 linears only (no head); a file of another format is rebuilt from the GGUF
+_FORMAT = "3"    # 1: Q4_1 linears only, 2: no Q8_0 linears; a file of another format is rebuilt from the GGUF
 
 
 def unpack_q4_1(raw, n, k):
@@ -60,29 +61,34 @@ def _rope_rows(n, heads):
 
 
 def gguf_blocks(path, args):
-    """{layer index: {linear name: (q, d, m)}} from a GGUF whose linear weights are all Q4_1 (our fused q|k|v
-    and gate|up rows; q/k rows in Hugging Face's order), plus "head": (q, d) when its lm_head is Q8_0; or None
-    when the linears are not all Q4_1."""
+    """The blocks of a GGUF whose linear weights are all Q4_1 or all Q8_0 (our fused q|k|v and gate|up rows;
+    q/k rows in Hugging Face's order), plus "head": (q, d) when its lm_head is Q8_0; or None when the linears
+    are neither."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
     names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
              "down": "ffn_down"}
-    layers = {}
+    kinds = {gguf.GGMLQuantizationType.Q4_1: ("q4_1", unpack_q4_1), gguf.GGMLQuantizationType.Q8_0: ("q8_0", unpack_q8_0)}
+    first = tensors.get(f"blk.0.{names['q']}.weight")
+    if first is None or first.tensor_type not in kinds:
+        return None
+    kind, unpack = kinds[first.tensor_type]
+    layers = {"linears": kind}
     for i in range(args.num_layers):
         parts = {}
         for short, name in names.items():
             t = tensors.get(f"blk.{i}.{name}.weight")
-            if t is None or t.tensor_type != gguf.GGMLQuantizationType.Q4_1:
+            if t is None or t.tensor_type != first.tensor_type:
                 return None
             k, n = (int(x) for x in t.shape)    # GGUF lists the shape innermost first
-            q, d, m = unpack_q4_1(t.data, n, k)
+            part = unpack(t.data, n, k)
             if short in ("q", "k"):
                 rows = _rope_rows(n, args.num_heads if short == "q" else args.num_kv_heads)
-                q, d, m = q[rows], d[rows], m[rows]
-            parts[short] = (q, d, m)
-        cat = lambda *keys: tuple(torch.cat([parts[x][j] for x in keys]) for j in range(3))  # noqa: E731
+                part = tuple(x[rows] for x in part)
+            parts[short] = part
+        cat = lambda *keys: tuple(torch.cat([parts[x][j] for x in keys]) for j in range(len(parts["q"])))  # noqa: E731
         layers[i] = {"qkv": cat("q", "k", "v"), "o": parts["o"], "gate_up": cat("gate", "up"), "down": parts["down"]}
     head = tensors.get("token_embd.weight" if args.tie_word_embeddings else "output.weight")
     if head is not None and head.tensor_type == gguf.GGMLQuantizationType.Q8_0:
@@ -115,14 +121,22 @@ def _save_blocks(path, layers):
 
     tensors = {}
     for i, parts in (layers or {}).items():
+        if i == "linears":
+            continue
         if i == "head":
             tensors["head.q"], tensors["head.d"] = parts[0].contiguous(), parts[1].contiguous()
             continue
-        for name, (q, d, m) in parts.items():
-            tensors[f"{i}.{name}.q"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-            tensors[f"{i}.{name}.d"], tensors[f"{i}.{name}.m"] = d.contiguous(), m.contiguous()
+        for name, part in parts.items():
+            if len(part) == 3:   # Q4_1: two 4-bit values a byte
+                q, d, m = part
+                tensors[f"{i}.{name}.q"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+                tensors[f"{i}.{name}.m"] = m.contiguous()
+            else:
+                q, d = part
+                tensors[f"{i}.{name}.q8"] = q.contiguous()
+            tensors[f"{i}.{name}.d"] = d.contiguous()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp), metadata={"format": _FORMAT, "q4_1": "1" if layers else "0"})
+    save_file(tensors, str(tmp), metadata={"format": _FORMAT, "linears": layers["linears"] if layers else "none"})
     os.replace(tmp, path)
     (path.parent / "q4_1_blocks.safetensors").unlink(missing_ok=True)   # the first format's file, superseded
 
@@ -134,16 +148,20 @@ def _load_blocks(path, args):
         meta = f.metadata()
         if meta.get("format") != _FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, not {_FORMAT}")
-        if meta.get("q4_1") != "1":
+        if meta.get("linears") not in ("q4_1", "q8_0"):
             return None
-        layers = {}
+        layers = {"linears": meta["linears"]}
         for i in range(args.num_layers):
             layers[i] = {}
             for name in LINEARS:
-                packed = f.get_tensor(f"{i}.{name}.q")
-                q = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
                 # copies: nothing may keep the file's mapping (a later start may replace the file)
-                layers[i][name] = (q, f.get_tensor(f"{i}.{name}.d").clone(), f.get_tensor(f"{i}.{name}.m").clone())
+                d = f.get_tensor(f"{i}.{name}.d").clone()
+                if layers["linears"] == "q4_1":
+                    packed = f.get_tensor(f"{i}.{name}.q")
+                    q = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+                    layers[i][name] = (q, d, f.get_tensor(f"{i}.{name}.m").clone())
+                else:
+                    layers[i][name] = (f.get_tensor(f"{i}.{name}.q8").clone(), d)
         if "head.q" in f.keys():
             layers["head"] = (f.get_tensor("head.q").clone(), f.get_tensor("head.d").clone())
     return layers

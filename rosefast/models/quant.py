@@ -180,26 +180,27 @@ def head_mode(setting, linears):
 
 def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head, by `head_mode(head, mode)`) by quantized
-    ones; int4 takes a GGUF file's Q4_1 blocks as they are when `gguf_path` has them, an int8 head its Q8_0 ones
-    (kept in `cache_dir` for the next start); "auto" is int4 when it has them, else nothing. Returns (layers
-    replaced, source)."""
+    ones; a GGUF file's blocks are taken as they are where they are the mode's own (Q4_1 linears for int4,
+    Q8_0 for int8, a Q8_0 head for an int8 head; kept in `cache_dir` for the next start); "auto" is the
+    file's own mode when its linears are Q4_1 or Q8_0, else nothing. Returns (layers replaced, source)."""
     if mode == "none":
         return 0, None
     from_file = cached_blocks(gguf_path, model.args, cache_dir) if gguf_path is not None else None
+    own = {"q4_1": "int4", "q8_0": "int8"}.get(from_file["linears"]) if from_file is not None else None
     if mode == "auto":
-        if from_file is None or next(model.parameters()).device.type != "cpu":
+        if own is None or next(model.parameters()).device.type != "cpu":
             return 0, None
-        mode = "int4"
+        mode = own
     count = 0
     for i, layer in enumerate(model.layers):
         for name in LINEARS:
             linear = getattr(layer, name)
             bias = linear.bias
+            blocks = from_file[i][name] if own == mode else None
             if mode == "int4":
-                q, d, m = from_file[i][name] if from_file is not None else quantize_q4_1(linear.weight)
-                setattr(layer, name, Int4Linear(q, d, m, bias))
+                setattr(layer, name, Int4Linear(*(blocks or quantize_q4_1(linear.weight)), bias))
             else:
-                setattr(layer, name, Int8Linear.from_weight(linear.weight, bias))
+                setattr(layer, name, Int8Linear(*blocks, bias) if blocks else Int8Linear.from_weight(linear.weight, bias))
             count += 1
     head = head_mode(head, mode)
     head_source = "quantized at load"
@@ -212,7 +213,7 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None):
         else:
             model.lm_head = Int8Linear.from_weight(weight)
         count += 1
-    source = "the GGUF's Q4_1 blocks" if from_file is not None and mode == "int4" else "quantized at load"
+    source = f"the GGUF's {from_file['linears'].upper()} blocks" if own == mode else "quantized at load"
     kernels = "our block kernels" if block_kernels() is not None else "torch's weight-only ops"
     log.info("quantization %s: %d linear layers (%s), lm_head %s (%s), on %s", mode, count, source, head,
              head_source if head != "none" else "as loaded", kernels)
