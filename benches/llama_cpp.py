@@ -1,5 +1,5 @@
 """rosefast beside llama.cpp's `llama-server` on the same GGUF (the embedded SmolLM2 Q4_1), the same lean SSE
-client, one run: greedy completions streamed at 1 and 32 concurrent requests, alternating rounds; TTFT, ITL
+client, one run: greedy (or --temperature) completions streamed at 1 and 32 concurrent requests, alternating rounds; TTFT, ITL
 and tok/s side by side. llama-server is built from the vendored source of the llama-cpp-python sdist
 (README: "Beside llama.cpp").
 
@@ -15,8 +15,8 @@ from server.process import Server
 PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottle."
 
 
-def run(url, streams, tokens):
-    return burst_figures(url, [PROMPT] * streams, tokens)
+def run(url, streams, tokens, temperature=0.0):
+    return burst_figures(url, [PROMPT] * streams, tokens, temperature=temperature)
 
 
 def main(argv=None):
@@ -27,6 +27,7 @@ def main(argv=None):
     p.add_argument("--concurrent", default="1,32")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--quantization", default="auto", help="rosefast's ROSEFAST_QUANTIZATION")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled at it (top_p 1)")
     a = p.parse_args(argv)
     levels = [int(c) for c in a.concurrent.split(",")]
     gguf = str(default_gguf_path())
@@ -44,11 +45,12 @@ def main(argv=None):
         for r in range(a.rounds):
             for c in levels:
                 for name, s in servers.items():
-                    rows.append((name, c, r, run(s.url, c, a.tokens)))
+                    rows.append((name, c, r, run(s.url, c, a.tokens, a.temperature)))
     finally:
         for s in servers.values():
             s.stop()
-    print(f"{a.tokens} greedy tokens per request (ignore_eos), {os.path.basename(gguf)}, {a.threads} threads; "
+    kind = "greedy" if a.temperature == 0 else f"sampled (temperature {a.temperature:g})"
+    print(f"{a.tokens} {kind} tokens per request (ignore_eos), {os.path.basename(gguf)}, {a.threads} threads; "
           f"rosefast ROSEFAST_QUANTIZATION={a.quantization}")
     print("| server | concurrent | round | completed | TTFT p50 ms | ITL per event p50 / p99 ms | tok/s |")
     print("|---|---|---|---|---|---|---|")
