@@ -43,7 +43,7 @@ def _extensions():
     )
     return cythonize(
         exts,
-        include_path=["."],
+        include_path=[".", "csrc"],   # csrc/*.pxd: the C kernels declared once
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,

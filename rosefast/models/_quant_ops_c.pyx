@@ -11,10 +11,7 @@ import torch
 
 from rosefast.models._quant_ops_py import check_tiles
 
-cdef extern from "quant_kernels.h" nogil:
-    int rf_quant_cpu_ok()
-    int rf_quant_linear(int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m, const float *bias,
-                        const void *x, int x_bf16, int64_t B, int64_t N, int64_t K, void *y, int y_bf16)
+from quant_kernels cimport rf_quant_cpu_ok, rf_quant_linear
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
