@@ -235,22 +235,22 @@ def test_the_q4_1_blocks_are_kept_beside_the_converted_model(default_model, monk
     assert same(first, blocks._load_blocks(kept, args))   # rewritten whole
 
 
-def _write_q8_0_gguf(path, model):
-    """A GGUF holding `model`'s linears and embedding as Q8_0 (q/k rows in llama.cpp's order), tensors only."""
+def _write_gguf(path, model, kind=gguf.GGMLQuantizationType.Q8_0):
+    """A GGUF holding `model`'s linears as `kind` and its embedding as Q8_0 (q/k rows in llama.cpp's order),
+    tensors only."""
     from rosefast.models.gguf_blocks import _rope_rows
 
     args = load_model_args(model.path)
     hf = read_hf_state_dict(model.path)
     writer = gguf.GGUFWriter(str(path), "llama")
 
-    def add(name, weight, heads=None):
+    def add(name, weight, heads=None, kind=kind):
         w = weight.float()
         if heads:   # the file's order: ours is file[rows]
             file = torch.empty_like(w)
             file[_rope_rows(w.shape[0], heads)] = w
             w = file
-        writer.add_tensor(name, quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0),
-                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        writer.add_tensor(name, quants.quantize(w.numpy(), kind), raw_dtype=kind)
 
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
@@ -260,7 +260,8 @@ def _write_q8_0_gguf(path, model):
                           ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
             add(f"blk.{i}.{name}.weight", hf[p + key + ".weight"])
     add("token_embd.weight" if args.tie_word_embeddings else "output.weight",
-        hf["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"])
+        hf["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"],
+        kind=gguf.GGMLQuantizationType.Q8_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -273,7 +274,7 @@ def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(tiny_llama, tmp_p
     from rosefast.models.quant import quantize_linears
 
     path = tmp_path / "q8_0.gguf"
-    args, hf = _write_q8_0_gguf(path, tiny_llama)
+    args, hf = _write_gguf(path, tiny_llama)
     blocks = gguf_blocks(path, args)
     assert blocks["linears"] == "q8_0" and "head" in blocks
     deq = {t.name: torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float()
@@ -291,3 +292,20 @@ def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(tiny_llama, tmp_p
     if layer.kernels is not None:   # the tiles hold the file's blocks exactly
         assert all(torch.equal(a, b) for a, b in zip(unpack_q8_0_tiles(layer.tiles, layer.d, layer.out_features),
                                                       blocks[1]["gate_up"]))
+
+
+def test_q4_0_linears_in_a_gguf_are_q4_1_blocks_with_m_minus_8_d(tiny_llama, tmp_path):
+    from rosefast.models.loader import load_model
+    from rosefast.models.quant import quantize_linears
+
+    path = tmp_path / "q4_0.gguf"
+    args, _ = _write_gguf(path, tiny_llama, gguf.GGMLQuantizationType.Q4_0)
+    blocks = gguf_blocks(path, args)
+    assert blocks["linears"] == "q4_1"
+    deq = {t.name: torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float()
+           for t in gguf.GGUFReader(str(path)).tensors}
+    for i in range(args.num_layers):
+        assert torch.equal(dequantize_q4_1(*blocks[i]["down"]), deq[f"blk.{i}.ffn_down.weight"])
+    model, _ = load_model(tiny_llama, torch.float32, "cpu")
+    assert quantize_linears(model, "auto", path)[1] == "the GGUF's Q4_1 blocks"
+    assert isinstance(model.layers[0].o, Int4Linear)

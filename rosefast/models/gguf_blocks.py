@@ -1,11 +1,12 @@
 """A GGUF file's quantized blocks, taken as they are for the quantized linears (rosefast.models.quant): the
-layers' linears when all are Q4_1 or all Q8_0, and a Q8_0 lm_head (the tied embedding, or `output.weight`).
+layers' linears when all are Q4_1 (or Q4_0: the same with m = -8 d) or all Q8_0, and a Q8_0 lm_head (the tied
+embedding, or `output.weight`).
 
     blocks = cached_blocks(gguf_path, args, cache_dir)
     # {"linears": "q4_1" | "q8_0", i: {"qkv": (q, d, m) or (q, d), ...}, "head": (q, d) or absent} or None
 
 Q4_1 is 20 bytes per 32 weights (fp16 d, fp16 m, 16 bytes of nibbles: weights 0-15 low, 16-31 high),
-W = d q + m; Q8_0 is 34 (fp16 d, 32 int8), W = d q. The blocks are kept beside the converted model after the
+W = d q + m; Q4_0 18 (fp16 d, the nibbles), W = d (q - 8); Q8_0 34 (fp16 d, 32 int8), W = d q. The blocks are kept beside the converted model after the
 first start: the gguf package's reader parses every metadata field in Python (~4 s for the embedded model's
 tokenizer on this machine), the blocks' own file loads in milliseconds.
 """
@@ -20,7 +21,7 @@ log = logging.getLogger("rosefast.engine")
 
 GROUP = 32
 LINEARS = ("qkv", "o", "gate_up", "down")
-_Q4_1_BYTES, _Q8_0_BYTES = 20, 34
+_Q4_0_BYTES, _Q4_1_BYTES, _Q8_0_BYTES = 18, 20, 34
 BLOCKS_FILE = "gguf_blocks.safetensors"
 _FORMAT = "3"    # 1: Q4_1 linears only, 2: no Q8_0 linears; a file of another format is rebuilt from the GGUF
 
@@ -33,6 +34,15 @@ def unpack_q4_1(raw, n, k):
     nib = torch.from_numpy(blocks[..., 4:].copy())                                          # [n, k/32, 16]
     q = torch.cat((nib & 0x0F, nib >> 4), dim=-1)                                           # [n, k/32, 32]
     return q.reshape(n, k), d, m
+
+
+def unpack_q4_0(raw, n, k):
+    """Q4_0 blocks of an [n, k] tensor -> Q4_1's (q, d, m): d (q - 8) = d q + m with m = -8 d, exact in fp16."""
+    blocks = np.ascontiguousarray(raw).reshape(n, k // GROUP, _Q4_0_BYTES)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    nib = torch.from_numpy(blocks[..., 2:].copy())
+    q = torch.cat((nib & 0x0F, nib >> 4), dim=-1)
+    return q.reshape(n, k), d, d * -8
 
 
 def unpack_q8_0(raw, n, k):
@@ -61,7 +71,7 @@ def _rope_rows(n, heads):
 
 
 def gguf_blocks(path, args):
-    """The blocks of a GGUF whose linear weights are all Q4_1 or all Q8_0 (our fused q|k|v and gate|up rows;
+    """The blocks of a GGUF whose linear weights are all Q4_1, all Q4_0 (as Q4_1) or all Q8_0 (our fused q|k|v and gate|up rows;
     q/k rows in Hugging Face's order), plus "head": (q, d) when its lm_head is Q8_0; or None when the linears
     are neither."""
     import gguf
@@ -70,7 +80,8 @@ def gguf_blocks(path, args):
     tensors = {t.name: t for t in reader.tensors}
     names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
              "down": "ffn_down"}
-    kinds = {gguf.GGMLQuantizationType.Q4_1: ("q4_1", unpack_q4_1), gguf.GGMLQuantizationType.Q8_0: ("q8_0", unpack_q8_0)}
+    kinds = {gguf.GGMLQuantizationType.Q4_1: ("q4_1", unpack_q4_1), gguf.GGMLQuantizationType.Q4_0: ("q4_1", unpack_q4_0),
+             gguf.GGMLQuantizationType.Q8_0: ("q8_0", unpack_q8_0)}
     first = tensors.get(f"blk.0.{names['q']}.weight")
     if first is None or first.tensor_type not in kinds:
         return None
