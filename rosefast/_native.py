@@ -19,6 +19,11 @@ def native_lock():
     return _original("_thread", "allocate_lock")()
 
 
+def native_rlock():
+    """A real OS re-entrant lock: for state a native thread and the hub's greenlets both take (a log handler's)."""
+    return _original("_thread", "RLock")()
+
+
 def start_native_thread(target, *args):
     """Start `target(*args)` in a real OS thread; gevent's patched Thread would give a greenlet."""
     return _original("_thread", "start_new_thread")(target, args)

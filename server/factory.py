@@ -9,6 +9,7 @@ import time
 from flask import Flask, g, request
 from werkzeug.exceptions import HTTPException
 
+from rosefast._native import native_rlock
 from rosefast.manager import SchedulerManager
 from server.config import server_config_from_env
 from server.errors import APIError
@@ -108,6 +109,10 @@ def create_app(config=None, start=True):
     config = config or server_config_from_env()
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
+        # the engine thread (a native one) logs through these handlers too: a gevent lock shared with it could
+        # park a greenlet for good (a stream stalled before its [DONE] while the dying engine logged)
+        for handler in logging.getLogger().handlers:
+            handler.lock = native_rlock()
     app = Flask("rosefast")
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     state = app.extensions["rosefast"] = State(config)

@@ -232,6 +232,25 @@ def test_a_fatal_device_error_fails_open_streams_and_gunicorn_replaces_the_worke
         s.stop()
 
 
+def test_the_workers_log_handlers_lock_natively_under_gevent():
+    """The engine thread (a native one) logs through the worker's handlers: with gevent's lock there, a dying
+    engine's log line could park a stream's greenlet before its [DONE] for good (seen under load in the test
+    above, 3 of 4 runs with two busy loops beside it). The handlers' locks are the OS's."""
+    import subprocess
+    import sys
+
+    code = ("from gevent import monkey; monkey.patch_all()\n"
+            "import logging, _thread\n"
+            "from server.factory import create_app\n"
+            "create_app(start=False)\n"
+            "print(all(type(h.lock) is _thread.RLock for h in logging.getLogger().handlers)"
+            " and bool(logging.getLogger().handlers))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROSEFAST_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.stdout.strip().splitlines()[-1:] == ["True"], out.stdout + out.stderr
+
+
 def worker_rss_mb(server):
     pids = sorted(worker_pids(server))
     with open(f"/proc/{pids[0]}/status") as f:

@@ -49,10 +49,12 @@ cdef inline uintptr_t _ptr(t, dtype, str name) except 0:
 
 
 cdef class LayerPlan:
-    """A layer's weights as pointers (the layer keeps them alive; so does the plan)."""
+    """A layer's weights as pointers, made once its weights are final (the plan holds the tensors it points
+    into, so a layer whose weights are replaced later keeps a stale plan, never a dangling one)."""
     cdef Linear lin[4]
     cdef uintptr_t input_norm, post_norm
     cdef readonly object layer
+    cdef object tensors
     cdef int nh, nkv, D
     cdef int64_t hidden, inter, qkv_n
     cdef float eps, scale
@@ -63,6 +65,7 @@ cdef class LayerPlan:
             raise ValueError("decode_layer: the layer's linears are not all on the block kernels")
         a = layer.args
         self.layer = layer
+        self.tensors = [layer.input_norm.data, layer.post_norm.data]
         self.dtype = layer.input_norm.dtype
         if self.dtype is not F32 and self.dtype is not BF16:
             raise ValueError(f"decode_layer: float32 or bfloat16 layers only, got {self.dtype}")
@@ -85,6 +88,7 @@ cdef class LayerPlan:
             self.lin[i].m = NULL if q8 else <const uint16_t *><uintptr_t>lin.m.data_ptr()
             self.lin[i].bias = NULL if lin.bias is None else <const float *><uintptr_t>lin.bias.data_ptr()
             self.lin[i].n, self.lin[i].k, self.lin[i].q8 = lin.out_features, lin.in_features, q8
+            self.tensors += [lin.tiles, lin.d, None if q8 else lin.m, lin.bias]
 
     def __call__(self, x, residual, cos, sin, meta, k_cache, v_cache):
         """x [B, hidden]: the residual stream, updated in place; residual: the previous layer's MLP output or
