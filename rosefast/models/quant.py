@@ -4,13 +4,13 @@ and a min) and int8 as its Q8_0 (group 32, a scale) or per output channel.
     count, source = quantize_linears(model, "int4", gguf_path)   # the file's blocks, else quantized at load
 
 int4 is y = x W^T with W[n, k] = d[n, g] q[n, k] + m[n, g] (g = k // 32, q in 0..15): Q4_1 exactly. A GGUF
-file's Q4_1 blocks (and a Q8_0 lm_head) are taken as they are — no dequantize-and-requantize round trip — and
+file's Q4_1 (or Q4_0, or Q8_0) blocks and a Q8_0 lm_head are taken as they are — no dequantize-and-requantize round trip — and
 a Hugging Face directory is quantized at load with the same scheme (per group: d = (max - min) / 15, m = min;
 Q8_0: d = max |W| / 127).
 
 Two ways to run them. On a CPU with AVX-512 VNNI, our kernels (rosefast.models.quant_ops, csrc/quant_kernels.h)
-on the blocks' own numbers (fp16 d and m, re-laid out in tiles of 16 rows), the activations quantized to int8
-per 32 inputs as llama.cpp does: 2.5-3x torch's ops here. Elsewhere torch's CPU weight-only ops: int4 with
+on the blocks' own numbers (fp16 d and m, re-laid out in tiles of 16 rows), the activations as two int8 digits
+per 32 inputs (finer than bf16; one digit, llama.cpp's way, parted greedy texts): 1.5-3x torch's ops here. Elsewhere torch's CPU weight-only ops: int4 with
 d and the zero m + 8 d rounded to bf16 (torch computes (q - 8) scale + zero), int8 per output channel
 (s = max |W[n]| / 127; Q8_0 blocks are re-quantized so), on bf16 activations (their fp32 path is 20x slower).
 """
