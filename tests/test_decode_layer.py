@@ -51,4 +51,4 @@ def test_only_block_kernel_layers_get_a_plan_and_bad_inputs_are_named(tiny_llama
     assert not _decode_layer_py.fits(layer) and decode_layer.impl.fits(layer)
     k, v = runner.kv.layers[0]
     with pytest.raises(ValueError, match=r"x must be \[B, "):
-        plan(torch.zeros(1, layer.args.hidden_size + 1), None, None, None, None, k, v)
+        plan(torch.zeros(1, layer.args.hidden_size + 1), None, None, k, v)

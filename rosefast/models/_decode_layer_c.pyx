@@ -6,10 +6,11 @@ _decode_layer_py (the layer's own forward). For layers whose four linears run on
 (rosefast.models.quant), fp32 or bf16, on the CPU.
 
     if fits(layer): plan = LayerPlan(layer)                       # once: the weights' pointers
-    x, mlp_out = plan(x, residual, cos, sin, meta, k_cache, v_cache)   # as layer.forward for a decode step
+    step = StepInputs(cos, sin, meta)                             # once a step: what every layer shares
+    x, mlp_out = plan(x, residual, step, k_cache, v_cache)        # as layer.forward for a decode step
 
 The per-op path paid ~6-10 us of Python wrapping a call, nine calls a layer: ~2 ms of a ~10 ms step
-here at batch 1. One call checks its tensors once and takes its scratch from one allocation.
+here at batch 1. A step's shared inputs are checked once for all layers, and share one scratch allocation.
 """
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 
@@ -37,8 +38,7 @@ def fits(layer):
     if not rf_quant_cpu_ok() or not layer.input_norm.is_cpu or layer.input_norm.dtype not in (F32, BF16):
         return False
     from rosefast.models import _quant_ops_c
-    return all(getattr(getattr(layer, name), "kernels", None) is _quant_ops_c and hasattr(getattr(layer, name), "tiles")
-               for name in ("qkv", "o", "gate_up", "down"))
+    return all(getattr(getattr(layer, name), "kernels", None) is _quant_ops_c for name in ("qkv", "o", "gate_up", "down"))
 
 
 cdef inline uintptr_t _ptr(t, dtype, str name) except 0:
@@ -90,46 +90,64 @@ cdef class LayerPlan:
             self.lin[i].n, self.lin[i].k, self.lin[i].q8 = lin.out_features, lin.in_features, q8
             self.tensors += [lin.tiles, lin.d, None if q8 else lin.m, lin.bias]
 
-    def __call__(self, x, residual, cos, sin, meta, k_cache, v_cache):
+    def __call__(self, x, residual, StepInputs step, k_cache, v_cache):
         """x [B, hidden]: the residual stream, updated in place; residual: the previous layer's MLP output or
         None. Returns (x, this layer's MLP output), as LlamaLayer.forward does for a decode step."""
-        return _decode(self, x, residual, cos, sin, meta, k_cache, v_cache)
+        return _decode(self, x, residual, step, k_cache, v_cache)
+
+
+cdef class StepInputs:
+    """One decode step's inputs that every layer shares (RoPE rows, block tables, context lengths, slots),
+    checked and taken as pointers once a step, and the layers' scratch (they run one after another)."""
+    cdef readonly object cos, sin, meta
+    cdef object scratch
+    cdef uintptr_t pc, ps, pt, pl, psl
+    cdef int64_t B, width, D
+
+    def __init__(self, cos, sin, meta):
+        tables, lens, slots = meta.block_tables, meta.context_lens, meta.slot_mapping
+        self.B = tables.shape[0] if tables.dim() == 2 else -1
+        if self.B < 1 or lens.numel() != self.B or slots.numel() != self.B:
+            raise ValueError(f"decode_layer: block_tables {tuple(tables.shape)}, context_lens {tuple(lens.shape)} "
+                             f"and slots {tuple(slots.shape)} must have one row per sequence")
+        if cos.dim() != 2 or cos.shape[0] != self.B or sin.shape != cos.shape:
+            raise ValueError(f"decode_layer: cos/sin must be [{self.B}, head_dim], got {tuple(cos.shape)}")
+        self.cos, self.sin, self.meta, self.scratch = cos, sin, meta, None
+        self.width, self.D = tables.shape[1], cos.shape[1]
+        self.pc, self.ps = _ptr(cos, cos.dtype, "cos"), _ptr(sin, cos.dtype, "sin")
+        self.pt, self.pl = _ptr(tables, I64, "block_tables"), _ptr(lens, I64, "context_lens")
+        self.psl = _ptr(slots, I64, "slot_mapping")
 
 
 cdef inline int _linear(Linear *l, const void *x, int bf16, int64_t B, void *y) noexcept nogil:
     return rf_quant_linear(l.q8, l.w, l.d, l.m, l.bias, x, bf16, B, l.n, l.k, y, bf16)
 
 
-cdef _decode(LayerPlan plan, x, residual, cos, sin, meta, k_cache, v_cache):
+cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
     dt = plan.dtype
     cdef bint bf16 = dt is BF16
     cdef int64_t B = x.shape[0], H = plan.hidden, I = plan.inter, QKV = plan.qkv_n
     cdef int nh = plan.nh, nkv = plan.nkv, D = plan.D
     if x.dim() != 2 or x.shape[1] != H:
         raise ValueError(f"decode_layer: x must be [B, {H}], got {tuple(x.shape)}")
-    tables, lens, slots = meta.block_tables, meta.context_lens, meta.slot_mapping
-    if tables.dim() != 2 or tables.shape[0] != B or lens.numel() != B or slots.numel() != B:
-        raise ValueError(f"decode_layer: block_tables {tuple(tables.shape)}, context_lens {tuple(lens.shape)} and "
-                         f"slots {tuple(slots.shape)} must have one row per sequence ({B})")
+    if step is None or step.B != B or step.D != D or step.cos.dtype is not dt:
+        raise ValueError(f"decode_layer: the step's inputs do not fit x {tuple(x.shape)} ({dt}) and head_dim {D}")
     if k_cache.dim() != 4 or k_cache.shape[0] != nkv or k_cache.shape[3] != D or k_cache.shape != v_cache.shape:
         raise ValueError(f"decode_layer: pools {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit "
                          f"{nkv} KV heads of {D}")
-    if cos.shape[0] != B or cos.shape[1] != D or sin.shape != cos.shape:
-        raise ValueError(f"decode_layer: cos/sin must be [{B}, {D}], got {tuple(cos.shape)}")
-    cdef int64_t width = tables.shape[1], block_size = k_cache.shape[2]
+    cdef int64_t width = step.width, block_size = k_cache.shape[2]
     cdef int64_t pool_slots = k_cache.shape[1] * block_size
     cdef uintptr_t px = _ptr(x, dt, "x"), py = 0 if residual is None else _ptr(residual, dt, "residual")
     if residual is not None and residual.numel() != B * H:
         raise ValueError(f"decode_layer: residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
-    cdef uintptr_t pc = _ptr(cos, dt, "cos"), ps = _ptr(sin, dt, "sin")
+    cdef uintptr_t pc = step.pc, ps = step.ps, pt = step.pt, pl = step.pl, psl = step.psl
     cdef uintptr_t pk = _ptr(k_cache, dt, "k_cache"), pv = _ptr(v_cache, dt, "v_cache")
-    cdef uintptr_t pt = _ptr(tables, I64, "block_tables"), pl = _ptr(lens, I64, "context_lens")
-    cdef uintptr_t psl = _ptr(slots, I64, "slot_mapping")
     out = torch.empty((B, H), dtype=dt)
     # scratch: h [B, H], qkv [B, QKV], attn [B, nh D], o [B, H], gate_up [B, 2 I], act [B, I]
-    cdef int64_t attn_n = <int64_t>nh * D
-    scratch = torch.empty(B * (2 * H + QKV + attn_n + 3 * I), dtype=dt)
-    cdef uintptr_t po = out.data_ptr(), base = scratch.data_ptr()
+    cdef int64_t attn_n = <int64_t>nh * D, need = B * (2 * H + QKV + attn_n + 3 * I)
+    if step.scratch is None or step.scratch.numel() < need or step.scratch.dtype is not dt:
+        step.scratch = torch.empty(need, dtype=dt)
+    cdef uintptr_t po = out.data_ptr(), base = step.scratch.data_ptr()
     cdef int64_t es = 2 if bf16 else 4
     cdef uintptr_t ph = base, pqkv = ph + B * H * es, pa = pqkv + B * QKV * es, pob = pa + B * attn_n * es
     cdef uintptr_t pgu = pob + B * H * es, pact = pgu + B * 2 * I * es

@@ -11,5 +11,12 @@ class LayerPlan:
     def __init__(self, layer):
         self.layer = layer
 
-    def __call__(self, x, residual, cos, sin, meta, k_cache, v_cache):
-        return self.layer.forward(x, residual, cos, sin, meta, k_cache, v_cache, kernels.for_tensor(x))
+    def __call__(self, x, residual, step, k_cache, v_cache):
+        return self.layer.forward(x, residual, step.cos, step.sin, step.meta, k_cache, v_cache, kernels.for_tensor(x))
+
+
+class StepInputs:
+    """One decode step's inputs that every layer shares."""
+
+    def __init__(self, cos, sin, meta):
+        self.cos, self.sin, self.meta = cos, sin, meta

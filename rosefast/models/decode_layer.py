@@ -3,7 +3,8 @@ flavour (_decode_layer_c: the same C kernels as the per-op path, one call instea
 layer's own forward).
 
     if impl.fits(layer): plan = impl.LayerPlan(layer)          # then, each decode step:
-    x, mlp_out = plan(x, residual, cos, sin, meta, k_cache, v_cache)   # as layer.forward
+    step = impl.StepInputs(cos, sin, meta)                    # once for all layers
+    x, mlp_out = plan(x, residual, step, k_cache, v_cache)    # as layer.forward
 """
 from rosefast._select import select
 

@@ -63,8 +63,9 @@ class LlamaModel(nn.Module):
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]     # [T, D] each
         residual = None
         if self.decode_plans is not None and not meta.is_prefill:
+            step = decode_layer.impl.StepInputs(cos, sin, meta)
             for plan, (k_cache, v_cache) in zip(self.decode_plans, kv_caches):
-                x, residual = plan(x, residual, cos, sin, meta, k_cache, v_cache)
+                x, residual = plan(x, residual, step, k_cache, v_cache)
             return x.add_(residual)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, residual = layer.forward(x, residual, cos, sin, meta, k_cache, v_cache, ops)

@@ -8,8 +8,9 @@ Rows past N (to a whole tile) are zero. The unpack functions invert the packing 
 """
 import torch
 
+from rosefast.models.gguf_blocks import GROUP
+
 ROWS = 16
-GROUP = 32
 
 
 def _pad_rows(t, n):
