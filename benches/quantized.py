@@ -4,7 +4,7 @@ weights once per step at this machine's measured memory bandwidth allows, and on
 time at a 64-token context (the steadier measure on a shared machine: the best of --step-runs x 10 steps),
 and where the layers run as one call each (rosefast.models.decode_layer) the same step one op at a time.
 
-    python -m benches.quantized --tokens 64
+    python -m benches.quantized --tokens 64 [--cpu-kernels avx2]     # a kernel tier (ROSEFAST_CPU_KERNELS)
 """
 import argparse
 import time
@@ -15,6 +15,7 @@ from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
 from rosefast.models import resolve_model
 from rosefast.models.quant import Int4Linear, Int8Linear
+from rosefast.models.quant_ops import pick
 from benches.decode_step import ours_step, timed
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
@@ -62,11 +63,13 @@ def main(argv=None):
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--concurrent", default="1,8,32")
     p.add_argument("--step-runs", type=int, default=3)
+    p.add_argument("--cpu-kernels", default="auto", help="the quantized linears' kernels: auto, a tier, torch")
     a = p.parse_args(argv)
     levels = [int(c) for c in a.concurrent.split(",")]
     bw = bandwidth_gb_s()
+    kernels = pick(a.cpu_kernels)
     print(f"read bandwidth {bw:.1f} GB/s; {a.tokens} greedy tokens per request; dtype {a.dtype}; "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads; kernels {kernels.name if kernels is not None else 'torch'}")
     print("| quantization | lm_head | MB read per step | floor tok/s at c=1 | B=1 step ms | per-op step ms | " +
           " | ".join(f"c={c} tok/s" for c in levels) + " |")
     print("|---|---|---|---|---|---|" + "---|" * len(levels))
@@ -74,7 +77,7 @@ def main(argv=None):
     for mode in ("none", "int8", "int4"):
         for head in {"none": ("none",), "int8": ("none", "int8"), "int4": ("none", "int8", "int4")}[mode]:
             engine = LLMEngine(model=resolve_model(a.model), dtype=a.dtype, device="cpu", kv_cache_tokens=8192,
-                               quantization=mode, quantize_lm_head=head)
+                               quantization=mode, quantize_lm_head=head, cpu_kernels=a.cpu_kernels)
             size = step_bytes(engine.runner.model)
             step = min(timed(ours_step(engine.runner, 1, 64), 10) for _ in range(a.step_runs))
             model, per_op = engine.runner.model, None

@@ -2,6 +2,8 @@
 from dataclasses import dataclass, fields
 
 
+# the quantized linears' kernels (rosefast.models.quant_ops): the best tier this CPU runs, one tier, or torch's ops
+CPU_KERNELS = ("auto", "avx512vnni", "avxvnni", "avx2", "scalar", "torch")
 HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
 
 
@@ -29,6 +31,8 @@ class EngineConfig:
                                        # auto: int4 for a GGUF whose linears are Q4_1, on CPU; else none
     quantize_lm_head: str = "auto"     # the lm_head's: none, int8, int4; true: as the linears; auto: int8 when
                                        # the linears are quantized, else none (rosefast.models.quant.head_mode)
+    cpu_kernels: str = "auto"          # the quantized linears' kernels: auto (the best tier this CPU runs),
+                                       # avx512vnni, avxvnni, avx2, scalar (portable C), torch (torch's own ops)
 
     def __post_init__(self):
         for name in ("block_size", "max_batch_size", "prefill_max_batch_size", "max_num_batched_tokens"):
@@ -57,6 +61,8 @@ class EngineConfig:
                              f"got {self.quantize_lm_head!r}")
         if self.quantization not in ("none", "int8", "int4", "auto"):
             raise ValueError(f"quantization must be one of none, int8, int4, auto; got {self.quantization!r}")
+        if self.cpu_kernels not in CPU_KERNELS:
+            raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}; got {self.cpu_kernels!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or

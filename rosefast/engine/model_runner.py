@@ -65,7 +65,7 @@ class ModelRunner:
             self.model, self.args = load_model(resolved, self.dtype, self.device)
             source = gguf_source(resolved)
             quantize_linears(self.model, config.quantization, source, head=config.quantize_lm_head,
-                             cache_dir=resolved.path if source is not None else None)
+                             cache_dir=resolved.path if source is not None else None, kernels=config.cpu_kernels)
             pack_linears(self.model, batch_hint=config.max_batch_size)
             if hasattr(self.model, "plan_decode_layers") and self.model.plan_decode_layers():
                 log.info("decode steps: one call per layer (the linears on the block kernels)")

@@ -18,7 +18,7 @@ import torch
 
 from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_rms_norm_bf16, rf_rms_norm_f32,
                              rf_silu_mul_bf16, rf_silu_mul_f32, rf_store_kv_bf16, rf_store_kv_f32)
-from quant_kernels cimport rf_quant_cpu_ok, rf_quant_linear
+from quant_kernels cimport rf_quant_linear
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
@@ -30,15 +30,21 @@ cdef struct Linear:
     const uint16_t *m
     const float *bias
     int64_t n, k
-    int q8
+    int q8, tier
+
+
+def _tier(layer):
+    """The one compiled tier all four of the layer's linears run on, else None."""
+    from rosefast.models._quant_ops_c import Tier
+    found = [getattr(getattr(layer, name), "kernels", None) for name in ("qkv", "o", "gate_up", "down")]
+    return found[0] if all(isinstance(k, Tier) and k is found[0] for k in found) else None
 
 
 def fits(layer):
-    """Whether `layer` (a LlamaLayer) can run here: its four linears on the compiled block kernels."""
-    if not rf_quant_cpu_ok() or not layer.input_norm.is_cpu or layer.input_norm.dtype not in (F32, BF16):
+    """Whether `layer` (a LlamaLayer) can run here: its four linears on one tier of the compiled block kernels."""
+    if not layer.input_norm.is_cpu or layer.input_norm.dtype not in (F32, BF16):
         return False
-    from rosefast.models import _quant_ops_c
-    return all(getattr(getattr(layer, name), "kernels", None) is _quant_ops_c for name in ("qkv", "o", "gate_up", "down"))
+    return _tier(layer) is not None
 
 
 cdef inline uintptr_t _ptr(t, dtype, str name) except 0:
@@ -75,6 +81,7 @@ cdef class LayerPlan:
         self.eps, self.scale = a.norm_eps, layer.scale
         self.input_norm = _ptr(layer.input_norm.data, self.dtype, "input_norm")
         self.post_norm = _ptr(layer.post_norm.data, self.dtype, "post_norm")
+        cdef int tier = _tier(layer).index
         shapes = ((self.qkv_n, self.hidden), (self.hidden, self.nh * self.D), (2 * self.inter, self.hidden),
                   (self.hidden, self.inter))
         for i, name in enumerate(("qkv", "o", "gate_up", "down")):
@@ -88,6 +95,7 @@ cdef class LayerPlan:
             self.lin[i].m = NULL if q8 else <const uint16_t *><uintptr_t>lin.m.data_ptr()
             self.lin[i].bias = NULL if lin.bias is None else <const float *><uintptr_t>lin.bias.data_ptr()
             self.lin[i].n, self.lin[i].k, self.lin[i].q8 = lin.out_features, lin.in_features, q8
+            self.lin[i].tier = tier
             self.tensors += [lin.tiles, lin.d, None if q8 else lin.m, lin.bias]
 
     def __call__(self, x, residual, StepInputs step, k_cache, v_cache):
@@ -120,7 +128,7 @@ cdef class StepInputs:
 
 
 cdef inline int _linear(Linear *l, const void *x, int bf16, int64_t B, void *y) noexcept nogil:
-    return rf_quant_linear(l.q8, l.w, l.d, l.m, l.bias, x, bf16, B, l.n, l.k, y, bf16)
+    return rf_quant_linear(l.tier, l.q8, l.w, l.d, l.m, l.bias, x, bf16, B, l.n, l.k, y, bf16)
 
 
 cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):

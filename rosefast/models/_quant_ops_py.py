@@ -10,6 +10,16 @@ def fast():
     return False
 
 
+def tiers():
+    """No compiled tier: this is the pure-Python flavour (layers take torch's ops)."""
+    return []
+
+
+def tier(name):
+    raise ValueError(f"the {name} kernels need the compiled build; this is the pure-Python flavour "
+                     "(ROSEFAST_NO_EXTENSIONS, or no extensions built)")
+
+
 def check_tiles(w, d, m, bias, out_features, in_features, q8):
     """Raise when tiles (quant_tiles) do not fit an [out_features, in_features] layer: the kernels trust them."""
     tiles, groups = -(-out_features // 16), in_features // 32

@@ -8,11 +8,13 @@ file's Q4_1 (or Q4_0, or Q8_0) blocks and a Q8_0 lm_head are taken as they are â
 a Hugging Face directory is quantized at load with the same scheme (per group: d = (max - min) / 15, m = min;
 Q8_0: d = max |W| / 127).
 
-Two ways to run them. On a CPU with AVX-512 VNNI, our kernels (rosefast.models.quant_ops, csrc/quant_kernels.h)
-on the blocks' own numbers (fp16 d and m, re-laid out in tiles of 16 rows), the activations as two int8 digits
-per 32 inputs (finer than bf16; one digit, llama.cpp's way, parted greedy texts): 1.5-3x torch's ops here. Elsewhere torch's CPU weight-only ops: int4 with
-d and the zero m + 8 d rounded to bf16 (torch computes (q - 8) scale + zero), int8 per output channel
-(s = max |W[n]| / 127; Q8_0 blocks are re-quantized so), on bf16 activations (their fp32 path is 20x slower).
+Two ways to run them. Our kernels (rosefast.models.quant_ops, csrc/quant_kernels.h), on the tier the CPU runs
+(AVX-512 VNNI, AVX-VNNI, AVX2, or portable C; ROSEFAST_CPU_KERNELS picks one), on the blocks' own numbers (fp16 d
+and m, re-laid out in tiles of 16 rows), the activations as two int8 digits per 32 inputs (finer than bf16; one
+digit, llama.cpp's way, parted greedy texts): 1.5-3x torch's ops on AVX-512 VNNI. Or torch's CPU weight-only ops
+(the pure-Python flavour, or ROSEFAST_CPU_KERNELS=torch): int4 with d and the zero m + 8 d rounded to bf16 (torch
+computes (q - 8) scale + zero), int8 per output channel (s = max |W[n]| / 127; Q8_0 blocks are re-quantized so),
+on bf16 activations (their fp32 path is 20-60x slower): the numbers of a bf16 model, no longer the file's.
 """
 import logging
 
@@ -29,9 +31,10 @@ log = logging.getLogger("rosefast.engine")
 MODES = ("none", "int8", "int4", "auto")
 
 
-def block_kernels():
-    """Our block kernels when this CPU runs them, else None (torch's weight-only ops)."""
-    return quant_ops.impl if quant_ops.impl.fast() else None
+def block_kernels(setting="auto"):
+    """Our block kernels' tier for a cpu_kernels setting, or None (torch's weight-only ops); a tier object passes
+    through."""
+    return quant_ops.pick(setting) if isinstance(setting, str) else setting
 
 
 class _TiledLinear(nn.Module):
@@ -54,15 +57,16 @@ class Int4Linear(_TiledLinear):
     """y = x W^T + b with W as Q4_1: 4-bit q, a scale d and a min m per 32 inputs."""
 
     def __init__(self, q, d, m, bias=None, kernels="auto"):
-        """q: [N, K] integers 0..15; d, m: [N, K / 32] float (Q4_1's scale and min); kernels: "auto" (ours
-        where the CPU runs them), a quant_ops flavour, or None (torch's op)."""
+        """q: [N, K] integers 0..15; d, m: [N, K / 32] float (Q4_1's scale and min); kernels: a cpu_kernels
+        setting ("auto": the best tier here, a tier's name, "torch"), a tier (quant_ops.pick), or None (torch's
+        op)."""
         super().__init__()
         self.out_features, self.in_features = q.shape
-        self.kernels = block_kernels() if kernels == "auto" else kernels
+        self.kernels = block_kernels(kernels)
         self.bias = self._bias(bias)
         if self.kernels is not None:
             self.tiles, self.d, self.m = pack_q4_1_tiles(q, d, m)
-            self.kernels.check_tiles(self.tiles, self.d, self.m, self.bias, *q.shape, False)
+            quant_ops.impl.check_tiles(self.tiles, self.d, self.m, self.bias, *q.shape, False)
             return
         scale, zero = d.to(torch.float32), m.to(torch.float32) + 8 * d.to(torch.float32)
         self.scales_zeros = torch.stack((scale.t(), zero.t()), dim=-1).to(torch.bfloat16).contiguous()  # [K/G, N, 2]
@@ -83,7 +87,7 @@ class Int4Linear(_TiledLinear):
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, Q4_1 group {GROUP}, "
-                f"{'block kernels' if self.kernels is not None else 'torch int4 op'}")
+                f"{self.kernels.name + ' block kernels' if self.kernels is not None else 'torch int4 op'}")
 
 
 class Int8Linear(_TiledLinear):
@@ -91,15 +95,15 @@ class Int8Linear(_TiledLinear):
     on torch's op."""
 
     def __init__(self, q, scale, bias=None, kernels="auto"):
-        """q: [N, K] int8; scale: [N] (per channel) or [N, K / 32] (Q8_0's d)."""
+        """q: [N, K] int8; scale: [N] (per channel) or [N, K / 32] (Q8_0's d); kernels as Int4Linear's."""
         super().__init__()
         self.out_features, self.in_features = q.shape
-        self.kernels = block_kernels() if kernels == "auto" else kernels
+        self.kernels = block_kernels(kernels)
         self.bias = self._bias(bias)
         if self.kernels is not None:
             blocks = scale if scale.dim() == 2 else scale[:, None].expand(-1, self.in_features // GROUP)
             self.tiles, self.d = pack_q8_0_tiles(q, blocks)
-            self.kernels.check_tiles(self.tiles, self.d, None, self.bias, *q.shape, True)
+            quant_ops.impl.check_tiles(self.tiles, self.d, None, self.bias, *q.shape, True)
             return
         if scale.dim() == 2:
             q, scale = quantize_int8(dequantize_q8_0(q, scale))
@@ -107,9 +111,9 @@ class Int8Linear(_TiledLinear):
         self.scale = scale.to(torch.bfloat16).contiguous()
 
     @classmethod
-    def from_weight(cls, weight, bias=None):
+    def from_weight(cls, weight, bias=None, kernels="auto"):
         """Quantized at load: Q8_0 blocks for our kernels, per channel for torch's op."""
-        kernels = block_kernels()
+        kernels = block_kernels(kernels)
         return cls(*(quantize_q8_0 if kernels is not None else quantize_int8)(weight), bias, kernels=kernels)
 
     def forward(self, x):
@@ -127,7 +131,8 @@ class Int8Linear(_TiledLinear):
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"{'Q8_0 on block kernels' if self.kernels is not None else 'int8 per channel, torch op'}")
+                + (f"Q8_0 on {self.kernels.name} block kernels" if self.kernels is not None
+                   else "int8 per channel, torch op"))
 
 
 def quantize_q4_1(weight):
@@ -178,13 +183,15 @@ def head_mode(setting, linears):
     return setting
 
 
-def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None):
+def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, kernels="auto"):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head, by `head_mode(head, mode)`) by quantized
     ones; a GGUF file's blocks are taken as they are where they are the mode's own (Q4_1 linears for int4,
     Q8_0 for int8, a Q8_0 head for an int8 head; kept in `cache_dir` for the next start); "auto" is the
-    file's own mode when its linears are Q4_1 or Q8_0, else nothing. Returns (layers replaced, source)."""
+    file's own mode when its linears are Q4_1 or Q8_0, else nothing; `kernels`: a cpu_kernels setting. Returns
+    (layers replaced, source)."""
     if mode == "none":
         return 0, None
+    kernels = block_kernels(kernels)
     from_file = cached_blocks(gguf_path, model.args, cache_dir) if gguf_path is not None else None
     own = {"q4_1": "int4", "q8_0": "int8"}.get(from_file["linears"]) if from_file is not None else None
     if mode == "auto":
@@ -198,25 +205,26 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None):
             bias = linear.bias
             blocks = from_file[i][name] if own == mode else None
             if mode == "int4":
-                setattr(layer, name, Int4Linear(*(blocks or quantize_q4_1(linear.weight)), bias))
+                setattr(layer, name, Int4Linear(*(blocks or quantize_q4_1(linear.weight)), bias, kernels))
             else:
-                setattr(layer, name, Int8Linear(*blocks, bias) if blocks else Int8Linear.from_weight(linear.weight, bias))
+                setattr(layer, name, Int8Linear(*blocks, bias, kernels) if blocks
+                        else Int8Linear.from_weight(linear.weight, bias, kernels))
             count += 1
     head = head_mode(head, mode)
     head_source = "quantized at load"
     if head != "none":
         weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
         if head == "int4":
-            model.lm_head = Int4Linear(*quantize_q4_1(weight))
+            model.lm_head = Int4Linear(*quantize_q4_1(weight), kernels=kernels)
         elif from_file is not None and "head" in from_file:
-            model.lm_head, head_source = Int8Linear(*from_file["head"]), "the GGUF's Q8_0 blocks"
+            model.lm_head, head_source = Int8Linear(*from_file["head"], kernels=kernels), "the GGUF's Q8_0 blocks"
         else:
-            model.lm_head = Int8Linear.from_weight(weight)
+            model.lm_head = Int8Linear.from_weight(weight, kernels=kernels)
         count += 1
     source = f"the GGUF's {from_file['linears'].upper()} blocks" if own == mode else "quantized at load"
-    kernels = "our block kernels" if block_kernels() is not None else "torch's weight-only ops"
+    on = f"our {kernels.name} block kernels" if kernels is not None else "torch's weight-only ops (bf16 numbers)"
     log.info("quantization %s: %d linear layers (%s), lm_head %s (%s), on %s", mode, count, source, head,
-             head_source if head != "none" else "as loaded", kernels)
+             head_source if head != "none" else "as loaded", on)
     return count, source
 
 

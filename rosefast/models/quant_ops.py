@@ -1,8 +1,29 @@
-"""Linears on GGUF's Q4_1 / Q8_0 blocks: the compiled flavour (csrc/quant_kernels.h, AVX-512 VNNI) or its torch
-twin (ROSEFAST_NO_EXTENSIONS=1, and for tests).
+"""Linears on GGUF's Q4_1 / Q8_0 blocks: the compiled flavour (csrc/quant_kernels.h, a tier per CPU family) or
+its torch twin (ROSEFAST_NO_EXTENSIONS=1, and for tests).
 
-    if impl.fast(): y = impl.linear(x, w, d, m, bias, out_features, q8)   # tiles from quant_tiles
+    kernels = pick("auto")       # ROSEFAST_CPU_KERNELS: the best tier this CPU runs, a named one, or None
+    if kernels is not None: y = kernels.linear(x, w, d, m, bias, out_features, q8)   # tiles from quant_tiles
 """
 from rosefast._select import select
+from rosefast.config import CPU_KERNELS
 
 impl = select("quant_ops", package="rosefast.models")
+
+
+def pick(setting="auto"):
+    """The kernels for a cpu_kernels setting (rosefast.config.CPU_KERNELS): "auto" is the best tier this CPU runs
+    (None, torch's ops, on the pure-Python flavour); a tier's name is that tier (a ValueError saying what runs
+    here when this CPU or build does not run it); "torch" is None."""
+    if setting not in CPU_KERNELS:
+        raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}; got {setting!r}")
+    if setting == "torch":
+        return None
+    if setting == "auto":
+        best = impl.tiers()
+        return impl.tier(best[0]) if best else None
+    return impl.tier(setting)
+
+
+def available():
+    """Every setting that runs here, best first: the compiled tiers, then torch's ops."""
+    return list(impl.tiers()) + ["torch"]
