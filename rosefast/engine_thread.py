@@ -6,6 +6,7 @@ It sleeps on the queue when idle (no polling) and every torch call, model loadin
 on this thread.
 """
 import _queue
+import logging
 import time
 
 from rosefast._native import native_lock, start_native_thread
@@ -13,6 +14,8 @@ from rosefast.detok import IncrementalDetokenizer
 from rosefast.engine.device import is_fatal_device_error
 from rosefast.errors import EngineDeadError, EngineError, ShutdownError
 from rosefast.outbox import StepBatch
+
+log = logging.getLogger("rosefast.engine")
 
 _STOP = ("stop",)
 
@@ -178,9 +181,11 @@ class EngineThread:
         engine = self.engine
         result = engine.step()
         requests = self._requests
-        if result.failed:
-            failed = [r for r in map(requests.get, result.failed) if r is not None and not r.finished]
-            self._outbox.fail(failed, EngineError(f"engine step failed: {result.error!r}"))
+        for rid in result.failed:   # each with its own error where its row failed alone
+            record = requests.get(rid)
+            if record is not None and not record.finished:
+                error = result.errors.get(rid, result.error)
+                self._outbox.fail([record], EngineError(f"engine step failed: {error!r}"))
         now = time.perf_counter()
         step = StepBatch()
         for out in result.outputs:
@@ -188,13 +193,19 @@ class EngineThread:
             if record is None or record.detok is None:   # its consumer is gone, or it was aborted
                 continue
             detok = record.detok
-            text = detok.step(out.new_token_ids)
-            done, reason = out.finished, out.finish_reason
-            if detok.stopped and not done:
+            try:
+                text = detok.step(out.new_token_ids)
+                done, reason = out.finished, out.finish_reason
+                if detok.stopped and not done:
+                    engine.abort(record.id)
+                    done, reason = True, "stop"
+                if done and not detok.stopped:
+                    text += detok.flush()
+            except Exception as e:  # noqa: BLE001 - this request's text fails this request alone
+                log.error("detokenizing request %r failed: %r", record.id, e, exc_info=True)
                 engine.abort(record.id)
-                done, reason = True, "stop"
-            if done and not detok.stopped:
-                text += detok.flush()
+                self._outbox.fail([record], EngineError(f"detokenizing failed: {e!r}"))
+                continue
             if out.logprobs is not None and record.logprobs is not None:
                 record.logprobs.extend(out.logprobs)      # before the tokens are published: the consumer
             if out.prompt_logprobs is not None:           # takes one entry per token it gets

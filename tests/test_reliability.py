@@ -327,3 +327,31 @@ def test_overload_soak_ends_every_request_as_a_stream_or_a_fast_429(tiny_llama):
           f"429 p99 {reject_p99 * 1e3:.1f} ms; worker RSS {rss_before:.0f} -> {rss_after:.0f} MB")
     assert not any(books.values()), books
     assert rss_after < rss_before + 200
+
+
+def test_one_requests_settings_never_end_another_stream(tiny_llama):
+    """The body that once ended other clients' streams (choice 2 of n=2 drew with seed + 1, past int64): now it
+    is served, and a stream running beside it gets every token and no error event."""
+    s = Server(tiny_env(tiny_llama))
+    try:
+        events = []
+
+        def bystander():
+            r = requests.post(s.url + "/v1/completions", json={"prompt": "bystander", "max_tokens": 48, "stream": True,
+                                                               "ignore_eos": True, "temperature": 0}, stream=True)
+            events.extend(line for line in r.iter_lines() if line)
+
+        t = threading.Thread(target=bystander)
+        t.start()
+        bad = requests.post(s.url + "/v1/completions", json={"prompt": "x", "n": 2, "seed": 2**63 - 1,
+                                                             "temperature": 1, "max_tokens": 8, "ignore_eos": True})
+        t.join(60)
+        assert bad.status_code == 200 and len(bad.json()["choices"]) == 2
+        assert events[-1] == b"data: [DONE]" and not any(b'"error"' in e for e in events)
+        usage = requests.post(s.url + "/v1/completions", json={"prompt": "bystander", "max_tokens": 48,
+                                                               "ignore_eos": True, "temperature": 0}).json()
+        streamed = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1]
+                           if json.loads(e[6:]).get("choices"))
+        assert streamed == usage["choices"][0]["text"]   # every token the bystander would have had alone
+    finally:
+        s.stop()

@@ -19,6 +19,7 @@ from rosefast.errors import EngineDeadError
 from rosefast.models.sources import STAND_IN, resolve_model
 
 log = logging.getLogger("rosefast.engine")
+SEED_SPAN = 2**63
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class StepResult:
     outputs: list = field(default_factory=list)
     failed: list = field(default_factory=list)   # request ids, already out of the engine
     error: BaseException = None                  # why they failed
+    errors: dict = field(default_factory=dict)   # request id -> its own error, where a row failed alone
 
 
 class LLMEngine:
@@ -68,6 +70,8 @@ class LLMEngine:
         self._grammars = None
         self._masks = GrammarMasks(self.args.vocab_size)   # llguidance's threads start with the first grammar
         self._refused = []   # (request id, why) of constrained sequences whose matcher refused a token this step
+        self._row_errors = {}   # request id -> the error its row failed with alone, this step
+        self._forked = []       # the choices forked in this step (they fail with it if it fails)
         self.steps = 0
 
     @property
@@ -158,7 +162,7 @@ class LLMEngine:
         """Run one step. A failure (the model, the sampler, a before_step hook) fails the step's requests —
         or, if it came before anything was scheduled, every open request, so that it cannot repeat forever —
         and is reported in the result; the engine goes on serving the rest."""
-        scheduled = []
+        scheduled, self._forked, self._row_errors = [], [], {}
         try:
             step = self.scheduler.schedule()
             outputs = [StepOutput(rid, [], True, s.finish_reason) for s in step.cut_short
@@ -172,9 +176,12 @@ class LLMEngine:
             if self._before_step is not None:
                 self._before_step(self.steps, [s.request_id for s in scheduled])
             outputs += self._run(step)
+            errors, self._row_errors = self._row_errors, {}
             if self._refused:   # a constrained sequence its grammar gave up on: failed alone, the rest go on
                 refused, self._refused = self._refused, []
-                return StepResult(outputs, [rid for rid, _ in refused], GrammarError(f"grammar: {refused[0][1]}"))
+                errors.update((rid, GrammarError(f"grammar: {why}")) for rid, why in refused)
+            if errors:          # rows that failed alone (their settings, or a fault nobody foresaw)
+                return StepResult(outputs, list(errors), next(iter(errors.values())), errors)
             return StepResult(outputs)
         except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the rest
             if is_fatal_device_error(e):   # no later step can succeed: the engine thread ends the engine
@@ -183,6 +190,7 @@ class LLMEngine:
             log.error("engine step %d failed: %r", self.steps, e, exc_info=True)
             failed = [s.request_id for s in scheduled] or list(self.seqs)
             failed += [f for rid in failed if rid in self.seqs for f in self.seqs[rid].fork_ids]
+            failed += [rid for rid in self._forked if rid in self.seqs]   # choices forked in this step run with it
             for rid in failed:
                 self.abort(rid)
             return StepResult([], failed, e)
@@ -216,25 +224,77 @@ class LLMEngine:
         if len(rows) > len(sampling):
             logits = self._rows(logits, rows)
         allowed = self._allowed(masks, rows) if masks is not None else None
-        sampled = self.runner.sampler(logits, seqs, allowed)
+        tokens, logprobs = self._sample(logits, seqs, allowed)
         outputs = []
-        logprobs = sampled.logprobs or [None] * len(seqs)
-        for seq, token, lp in zip(seqs, sampled.token_ids, logprobs):
-            seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            if seq.matcher is not None and reason is None:
-                reason = self._advance(seq, token)
-                if reason == "refused":
-                    continue
-            if reason is not None:
-                self._end(seq, reason)
-            if len(seq.token_ids) - seq.num_prompt_tokens == 1:   # its first token
-                outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, seq.scheduled_at,
-                                          None if lp is None else [lp], seq.prompt_logprobs))
-            else:
-                outputs.append(StepOutput(seq.request_id, [token], reason is not None, reason, None,
-                                          None if lp is None else [lp]))
+        for seq, token, lp in zip(seqs, tokens, logprobs):
+            if seq.request_id in self._row_errors:
+                continue
+            try:
+                out = self._commit(seq, token, lp)
+            except Exception as e:  # noqa: BLE001 - this row's fault fails this row alone
+                if is_fatal_device_error(e):
+                    raise
+                self._fail_row(seq, e)
+                continue
+            if out is not None:
+                outputs.append(out)
         return outputs
+
+    def _sample(self, logits, seqs, allowed):
+        """The step's tokens and logprobs. When the batched sampler fails, it runs again row by row: a row whose
+        settings (or a fault nobody foresaw) fail it fails alone, and every other row gets the token it would have
+        had in the batch (a row's draw depends on its own seed and position only)."""
+        try:
+            sampled = self.runner.sampler(logits, seqs, allowed)
+            return sampled.token_ids, sampled.logprobs or [None] * len(seqs)
+        except Exception as e:  # noqa: BLE001 - find the row that fails
+            if is_fatal_device_error(e):
+                raise
+            log.warning("engine step %d: the sampler failed for the batch (%r); sampling row by row", self.steps, e)
+        tokens, logprobs = [], []
+        for i, seq in enumerate(seqs):
+            try:
+                one = self.runner.sampler(logits[i:i + 1], [seq], self._allowed_row(allowed, i))
+                tokens.append(one.token_ids[0])
+                logprobs.append(one.logprobs[0] if one.logprobs else None)
+            except Exception as e:  # noqa: BLE001 - this row's settings fail the sampler: it fails alone
+                if is_fatal_device_error(e):
+                    raise
+                self._fail_row(seq, e)
+                tokens.append(None)
+                logprobs.append(None)
+        return tokens, logprobs
+
+    @staticmethod
+    def _allowed_row(allowed, i):
+        """Row i's part of the sampler's (rows, bitmask), as a one-row batch's; None when it is not masked."""
+        if allowed is None:
+            return None
+        rows, bitmask = allowed
+        hit = (rows == i).nonzero().flatten()
+        return None if hit.numel() == 0 else (torch.zeros(1, dtype=torch.long), bitmask[hit[:1]])
+
+    def _fail_row(self, seq, error):
+        """One row failed alone: the sequence ends (its blocks freed), reported failed with its own error."""
+        log.error("engine step %d: request %r failed alone: %r", self.steps, seq.request_id, error,
+                  exc_info=error)
+        self._row_errors[seq.request_id] = error
+        self._end(seq, "abort")
+
+    def _commit(self, seq, token, lp):
+        """A row's sampled token into its sequence: its finish, its grammar, its output (None if refused)."""
+        seq.token_ids.append(token)
+        reason = self._finish_reason(seq, token)
+        if seq.matcher is not None and reason is None:
+            reason = self._advance(seq, token)
+            if reason == "refused":
+                return None
+        if reason is not None:
+            self._end(seq, reason)
+        if len(seq.token_ids) - seq.num_prompt_tokens == 1:   # its first token
+            return StepOutput(seq.request_id, [token], reason is not None, reason, seq.scheduled_at,
+                              None if lp is None else [lp], seq.prompt_logprobs)
+        return StepOutput(seq.request_id, [token], reason is not None, reason, None, None if lp is None else [lp])
 
     def _allowed(self, masks, rows):
         """The sampler's (rows, bitmask) for this step's rows: a forked choice starts where its parent does, so
@@ -294,8 +354,8 @@ class LLMEngine:
         for k, rid in enumerate(parent.fork_ids, start=1):
             child = Sequence(rid, parent.token_ids, parent.params, seed=self._seeds.getrandbits(63))
             child.stop_ids, child.scheduled_at, child.prompt_logprobs = parent.stop_ids, parent.scheduled_at, None
-            if parent.params.seed is not None:
-                child.seed = parent.params.seed + k
+            if parent.params.seed is not None:   # choice k draws with seed + k (mod 2**63: seeds are int64)
+                child.seed = (parent.params.seed + k) % SEED_SPAN
             self.seqs[rid] = child
             copy = self.block_manager.fork(parent, child) if self.scheduler.has_room() else False
             if copy is False:
@@ -305,6 +365,7 @@ class LLMEngine:
                 self.runner.kv.copy_block(*copy)
             self.scheduler.add_running(child)
             children.append(child)
+            self._forked.append(rid)
         self.forks += len(parent.fork_ids)
         parent.fork_ids = ()
         return children

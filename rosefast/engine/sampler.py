@@ -194,12 +194,12 @@ class Sampler:
             if sampled:
                 rows = self._tensor(sampled, torch.long)
                 tokens.index_copy_(0, rows, self._sample(x.index_select(0, rows), [seqs[i] for i in sampled]))
-        if state_rows is not None:
+        result = SampleResult(tokens.tolist()) if raw_lp is None else \
+            self._with_logprobs(tokens, raw_lp, lp_rows, want_lp, params)
+        if state_rows is not None:   # counted last: a pass that failed before here changed no state
             rows, srows = state_rows
             self.penalties.add(srows, tokens.index_select(0, rows))
-        if raw_lp is None:
-            return SampleResult(tokens.tolist())
-        return self._with_logprobs(tokens, raw_lp, lp_rows, want_lp, params)
+        return result
 
     def _sample(self, x, seqs):
         """One token per row of logits x [S, V], each row by its own settings (sample_ops: the C kernels on
