@@ -18,7 +18,7 @@ LAYERS, VOCAB = 30, 49152
 
 
 def _layers(kernels, vocab):
-    """A model's worth of linears (distinct weights, so a step reads them all from memory) and its head."""
+    """A model's worth of linears (a copy of the tiles per layer, so a step reads them all from memory) and its head."""
     g = torch.Generator().manual_seed(0)
     weights = {name: torch.randn(n, k, generator=g) * 0.05 for name, (n, k) in SHAPES.items()}
     blocks = {name: quantize_q4_1(w) for name, w in weights.items()}

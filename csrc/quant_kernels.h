@@ -396,6 +396,8 @@ RF_DEFINE_TILE256(avxvnni, RF_AVXVNNI)
 #undef RF_DEFINE_TILE256
 #undef RF_DOTS_avx2
 #undef RF_DOTS_avxvnni
+#undef RF_SIGNED_avx2
+#undef RF_SIGNED_avxvnni
 #endif   /* x86-64 */
 
 typedef void (*rf_quant_tile_fn)(int, const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *,

@@ -181,11 +181,14 @@ class EngineThread:
         engine = self.engine
         result = engine.step()
         requests = self._requests
-        for rid in result.failed:   # each with its own error where its row failed alone
-            record = requests.get(rid)
-            if record is not None and not record.finished:
-                error = result.errors.get(rid, result.error)
-                self._outbox.fail([record], EngineError(f"engine step failed: {error!r}"))
+        if result.failed:   # each with its own error where its row failed alone
+            by_error = {}
+            for rid in result.failed:
+                record = requests.get(rid)
+                if record is not None and not record.finished:
+                    by_error.setdefault(result.errors.get(rid, result.error), []).append(record)
+            for error, records in by_error.items():
+                self._outbox.fail(records, EngineError(f"engine step failed: {error!r}"))
         now = time.perf_counter()
         step = StepBatch()
         for out in result.outputs:

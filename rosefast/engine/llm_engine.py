@@ -69,8 +69,8 @@ class LLMEngine:
         self._tokenizer = None
         self._grammars = None
         self._masks = GrammarMasks(self.args.vocab_size)   # llguidance's threads start with the first grammar
-        self._refused = []   # (request id, why) of constrained sequences whose matcher refused a token this step
-        self._row_errors = {}   # request id -> the error its row failed with alone, this step
+        self._row_errors = {}   # request id -> the error its row failed with alone this step (its grammar refused
+                                # a token, its sampling or commit raised)
         self._forked = []       # the choices forked in this step (they fail with it if it fails)
         self.steps = 0
 
@@ -176,11 +176,8 @@ class LLMEngine:
             if self._before_step is not None:
                 self._before_step(self.steps, [s.request_id for s in scheduled])
             outputs += self._run(step)
-            errors, self._row_errors = self._row_errors, {}
-            if self._refused:   # a constrained sequence its grammar gave up on: failed alone, the rest go on
-                refused, self._refused = self._refused, []
-                errors.update((rid, GrammarError(f"grammar: {why}")) for rid, why in refused)
-            if errors:          # rows that failed alone (their settings, or a fault nobody foresaw)
+            errors = self._row_errors   # rows that failed alone; the rest go on
+            if errors:
                 return StepResult(outputs, list(errors), next(iter(errors.values())), errors)
             return StepResult(outputs)
         except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the rest
@@ -277,7 +274,7 @@ class LLMEngine:
     def _fail_row(self, seq, error):
         """One row failed alone: the sequence ends (its blocks freed), reported failed with its own error."""
         log.error("engine step %d: request %r failed alone: %r", self.steps, seq.request_id, error,
-                  exc_info=error)
+                  exc_info=error if error.__traceback__ is not None else None)
         self._row_errors[seq.request_id] = error
         self._end(seq, "abort")
 
@@ -312,8 +309,7 @@ class LLMEngine:
         llguidance's limits: the sampler only draws allowed tokens)."""
         if seq.matcher.consume_token(token):
             return "stop" if seq.matcher.is_stopped() else None
-        self._refused.append((seq.request_id, seq.matcher.get_error()))
-        self._end(seq, "abort")
+        self._fail_row(seq, GrammarError(f"grammar: {seq.matcher.get_error()}"))
         return "refused"
 
     def _prompt_logprobs(self, step, full, logits):

@@ -11,6 +11,7 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 
 import torch
 
+from rosefast.config import CPU_KERNELS
 from rosefast.models._quant_ops_py import check_tiles
 
 from quant_kernels cimport rf_quant_linear, rf_quant_tier_ok
@@ -19,12 +20,7 @@ cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
 
 TIERS = ("scalar", "avx2", "avxvnni", "avx512vnni")   # csrc/quant_kernels.h's RF_TIER_* order
-BEST_FIRST = ("avx512vnni", "avxvnni", "avx2", "scalar")
-
-
-def fast():
-    """True: a compiled tier runs on every CPU (the portable C one at least)."""
-    return True
+BEST_FIRST = tuple(k for k in CPU_KERNELS if k in TIERS)   # the settings list them best first
 
 
 def tiers():

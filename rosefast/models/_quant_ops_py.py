@@ -1,13 +1,9 @@
 """Linears on Q4_1 / Q8_0 tiles in torch: the reference twin of _quant_ops_c, the same arithmetic (the
 activations as two int8 digits per 32 inputs, integer dot products per block, then the block scales) up to
-the order of the float sums. Unpacks the tiles each call: for tests, not for serving (`fast()` is False)."""
+the order of the float sums. Unpacks the tiles each call: for tests, not for serving (its `tiers()` is empty)."""
 import torch
 
 from rosefast.models.quant_tiles import unpack_q4_1_tiles, unpack_q8_0_tiles
-
-
-def fast():
-    return False
 
 
 def tiers():

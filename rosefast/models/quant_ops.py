@@ -4,6 +4,8 @@ its torch twin (ROSEFAST_NO_EXTENSIONS=1, and for tests).
     kernels = pick("auto")       # ROSEFAST_CPU_KERNELS: the best tier this CPU runs, a named one, or None
     if kernels is not None: y = kernels.linear(x, w, d, m, bias, out_features, q8)   # tiles from quant_tiles
 """
+import os
+
 from rosefast._select import select
 from rosefast.config import CPU_KERNELS
 
@@ -11,9 +13,12 @@ impl = select("quant_ops", package="rosefast.models")
 
 
 def pick(setting="auto"):
-    """The kernels for a cpu_kernels setting (rosefast.config.CPU_KERNELS): "auto" is the best tier this CPU runs
-    (None, torch's ops, on the pure-Python flavour); a tier's name is that tier (a ValueError saying what runs
-    here when this CPU or build does not run it); "torch" is None."""
+    """The kernels for a cpu_kernels setting (rosefast.config.CPU_KERNELS): "auto" is what ROSEFAST_CPU_KERNELS
+    names when it is set (so one variable forces a tier for the server, the library and the tests alike), else
+    the best tier this CPU runs (None, torch's ops, on the pure-Python flavour); a tier's name is that tier (a
+    ValueError saying what runs here when this CPU or build does not run it); "torch" is None."""
+    if setting == "auto":
+        setting = os.environ.get("ROSEFAST_CPU_KERNELS", "").strip() or "auto"
     if setting not in CPU_KERNELS:
         raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}; got {setting!r}")
     if setting == "torch":
