@@ -33,6 +33,21 @@ def bad_request(message, param=None):
     return APIError(400, message, param=param)
 
 
+def _reject_constant(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(text, param=None, what="invalid JSON"):
+    """json.loads, with every refusal of the parser (bad syntax or bytes, NaN / Infinity, nesting past Python's
+    recursion limit) as a 400 naming `param`: the one place JSON from a client is parsed."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise bad_request(f"{what}: nested too deeply", param) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"{what}: {e}", param) from None
+
+
 def api_error(e, retry_after, param=None):
     """What the manager raised (at admission or while the request runs) as the client's APIError;
     `param` names the field a plain ValueError is about."""

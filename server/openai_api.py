@@ -214,7 +214,7 @@ def chat_messages(body):
         raise bad_request("'messages' must be a non-empty array", "messages")
     out = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m["role"] not in ROLES:
             raise bad_request(f"messages[{i}] must be an object with a 'role' in {sorted(ROLES)}", "messages")
         content = m.get("content")
         calls = None

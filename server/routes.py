@@ -1,6 +1,5 @@
 """The routes: POST /v1/completions and /v1/chat/completions (validate, admit with a 429 at once, stream or
 collect), and GET /health, /v1/models and /metrics."""
-import json
 import logging
 import time
 
@@ -9,7 +8,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from rosefast.errors import NotReadyError, ShutdownError
 from server import disconnect, openai_api, sse, structured, tools
-from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request, json_response
+from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request, json_response, parse_json
 from server.responses import Run
 from server.shapes import Shapes
 
@@ -21,10 +20,6 @@ def _state():
     return current_app.extensions["rosefast"]
 
 
-def _reject_constant(name):
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def _body():
     environ = request.environ
     length = environ.get("CONTENT_LENGTH", "")
@@ -34,12 +29,7 @@ def _body():
         raw = environ["wsgi.input"].read(int(length))
     else:
         raw = request.get_data(cache=False)
-    try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except RecursionError:
-        raise bad_request("invalid JSON: nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad_request(f"invalid JSON: {e}") from None
+    return parse_json(raw)
 
 
 @bp.get("/health")

@@ -1,9 +1,7 @@
 """Structured output over HTTP: which grammar a request asks for (OpenAI's response_format, vLLM's guided_* and
 structured_outputs extras), compiled off the hub within ROSEFAST_GRAMMAR_TIMEOUT_S."""
-import json
-
 from rosefast.engine.grammar import GrammarError
-from server.errors import bad_request
+from server.errors import bad_request, parse_json
 
 FIELDS = {"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
 _GUIDED = (("guided_json", "json_schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),
@@ -15,10 +13,7 @@ _STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choice", "gra
 def _schema(value, field):
     """A schema given as an object, or as a JSON string of one (vLLM's guided_json takes both)."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise bad_request(f"'{field}' is not valid JSON: {e}", field) from None
+        value = parse_json(value, field, f"'{field}' is not valid JSON")
     if not isinstance(value, (dict, bool)):
         raise bad_request(f"'{field}' must be a JSON schema object", field)
     return value

@@ -13,7 +13,7 @@ import json
 import random
 import re
 
-from server.errors import bad_request
+from server.errors import bad_request, parse_json
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -133,11 +133,8 @@ def history_tool_calls(i, calls):
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
             raise bad_request(f"messages[{i}].tool_calls entries must be {{'type': 'function', 'function': "
                               "{'name': ..., 'arguments': a JSON string}}", "messages")
-        try:
-            arguments = json.loads(fn["arguments"])
-        except ValueError:
-            raise bad_request(f"messages[{i}].tool_calls: the arguments of '{fn['name'][:64]}' are not JSON",
-                              "messages") from None
+        arguments = parse_json(fn["arguments"], "messages",
+                               f"messages[{i}].tool_calls: the arguments of '{fn['name'][:64]}' are not JSON")
         out.append({"name": fn["name"], "arguments": arguments})
     return out
 
@@ -151,7 +148,7 @@ def parse_calls(text, functions):
     for body in _CALL.findall(text):
         try:
             call = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):   # not a call: the text stays content
             return text, None
         if not isinstance(call, dict) or call.get("name") not in functions or \
                 not isinstance(call.get("arguments", {}), dict):

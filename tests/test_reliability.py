@@ -115,12 +115,16 @@ def test_disconnect_storm_leaves_nothing_behind(storm_server):
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=50),
+    | st.text(max_size=50) | st.sampled_from(["\ud800", "a\udfffb", 1e308, -0.0, "start: x", "[a-z]+"]),
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
     max_leaves=20)
+MESSAGE = st.fixed_dictionaries({"role": JSON | st.sampled_from(["user", "assistant", "system", "tool"]),
+                                 "content": JSON}, optional={"tool_calls": JSON, "name": JSON})
 FIELDS = ["model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-          "stream_options", "ignore_eos", "n", "logprobs", "echo", "user", "frequency_penalty", "unknown_field"]
-BODIES = st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=8) | JSON
+          "stream_options", "ignore_eos", "n", "logprobs", "echo", "user", "frequency_penalty", "unknown_field",
+          "response_format", "guided_json", "guided_regex", "guided_grammar", "guided_choice", "structured_outputs",
+          "tools", "tool_choice", "logit_bias"]
+BODIES = st.dictionaries(st.sampled_from(FIELDS), JSON | st.lists(MESSAGE, max_size=3), max_size=8) | JSON
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -134,6 +138,33 @@ def test_fuzzed_bodies_never_get_a_5xx(storm_server, body, chat, valid_prompt):
     assert r.status_code < 500, (body, r.status_code, r.text[:300])
     if r.status_code >= 400:
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+GRAMMAR_FIELDS = ["response_format", "guided_json", "guided_regex", "guided_grammar", "guided_choice",
+                  "structured_outputs"]
+SCHEMA = st.recursive(JSON, lambda children: st.fixed_dictionaries(
+    {"type": st.sampled_from(["object", "array", "string", "number"])},
+    optional={"items": children, "properties": st.dictionaries(st.text(max_size=5), children, max_size=3),
+              "const": children, "maximum": JSON, "enum": st.lists(children, max_size=3)}), max_leaves=10)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(GRAMMAR_FIELDS), value=SCHEMA | st.text(max_size=20) | st.booleans(),
+       wrap=st.sampled_from(["as is", "json_schema", "json", "string"]), role=JSON)
+def test_fuzzed_grammars_and_roles_never_get_a_5xx(storm_server, field, value, wrap, role):
+    """Past the body's own checks, into what the libraries take: llguidance, the JSON parser, the chat roles."""
+    if wrap == "json_schema" and field == "response_format":
+        value = {"type": "json_schema", "json_schema": {"name": "t", "schema": value}}
+    elif wrap == "json" and field == "structured_outputs":
+        value = {"json": value}
+    elif wrap == "string":
+        value = json.dumps(value)
+    body = {"messages": [{"role": role, "content": "hi"}], "max_tokens": 1, field: value}
+    r = requests.post(storm_server.url + "/v1/chat/completions", data=json.dumps(body).encode(), timeout=60)
+    assert r.status_code < 500, (body, r.status_code, r.text[:300])
+    body["messages"][0]["role"] = "user"
+    r = requests.post(storm_server.url + "/v1/chat/completions", data=json.dumps(body).encode(), timeout=60)
+    assert r.status_code < 500, (body, r.status_code, r.text[:300])
 
 
 def test_fuzz_leaves_the_worker_alive(storm_server):

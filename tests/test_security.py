@@ -66,3 +66,54 @@ def test_text_is_logged_only_when_the_operator_asks(tiny_llama):
 def test_bad_config_value_stops_startup_naming_the_variable(tiny_llama):
     with pytest.raises(RuntimeError, match="ROSEFAST_MAX_BATCH_SIZE"):
         Server(tiny_env(tiny_llama, max_batch_size="lots"), startup_timeout=60)
+
+
+def _nested(depth, leaf):
+    return "[" * depth + leaf + "]" * depth
+
+
+def _schema_nested(depth):
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+CHAT = '{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
+ATTACKS = {   # (path, raw JSON body, the field the 400 names): each gave a 500 once
+    "role-list": ("/v1/chat/completions", '{"messages": [{"role": ["user"], "content": "hi"}], "max_tokens": 1}',
+                  "messages"),
+    "role-object": ("/v1/chat/completions", '{"messages": [{"role": {"a": 1}, "content": "hi"}], "max_tokens": 1}',
+                    "messages"),
+    "tokenize-role-list": ("/tokenize", '{"messages": [{"role": ["user"], "content": "hi"}]}', "messages"),
+    "tool-arguments-deep": ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}, {"role": '
+                            '"assistant", "tool_calls": [{"type": "function", "function": {"name": "f", '
+                            f'"arguments": "{_nested(50_000, "null")}"}}}}]}}], "max_tokens": 1}}',
+                            "messages"),
+    "guided-json-deep": ("/v1/completions", f'{{"prompt": "x", "max_tokens": 1, "guided_json": "{_nested(50_000, "1")}"}}',
+                         "guided_json"),
+    "schema-true": ("/v1/chat/completions", CHAT + '"response_format": {"type": "json_schema", "json_schema": '
+                    '{"name": "t", "schema": true}}}', "response_format"),
+    "structured-json-false": ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "structured_outputs": '
+                              '{"json": false}}', "structured_outputs"),
+    "bound-1e999": ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "guided_json": {"type": "number", '
+                    '"maximum": 1e999}}', "guided_json"),
+    "schema-200-deep": ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "guided_json": '
+                        + __import__("json").dumps(_schema_nested(200)) + "}", "guided_json"),
+    "const-surrogate": ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "guided_json": {"const": "\\ud800"}}',
+                        "guided_json"),
+    "regex-surrogate": ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "guided_regex": "a\\ud800"}',
+                        "guided_regex"),
+    "grammar-surrogate": ("/v1/completions", '{"prompt": "x", "max_tokens": 1, "guided_grammar": '
+                          '"start: \\"\\ud800\\""}', "guided_grammar"),
+}
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_what_a_library_refuses_is_a_400_naming_the_field(keyed, name):
+    path, raw, field = ATTACKS[name]
+    r = requests.post(keyed.url + path, data=raw.encode(), headers={"Authorization": f"Bearer {KEY}",
+                                                                       "Content-Type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == field and err["message"], err

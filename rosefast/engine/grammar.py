@@ -100,7 +100,17 @@ class Grammars:
         return self._tokenizer
 
     def compile(self, kind, value=None):
-        """The Grammar for (kind, value), from the cache or compiled now; GrammarError naming the problem."""
+        """The Grammar for (kind, value), from the cache or compiled now; GrammarError naming the problem —
+        whatever llguidance or its bindings refuse with (a schema it cannot take, Infinity, a lone surrogate,
+        nesting past the recursion limit), here, the one place they are called."""
+        try:
+            return self._compile(kind, value)
+        except GrammarError:
+            raise
+        except (ValueError, TypeError, RecursionError, OverflowError) as e:   # UnicodeError is a ValueError
+            raise GrammarError(f"{type(e).__name__}: {e}") from None
+
+    def _compile(self, kind, value):
         source = grammar_source(kind, value)
         key = (kind, source)
         grammar = self._cache.get(key)
