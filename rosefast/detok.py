@@ -9,7 +9,7 @@ PROMPT_CONTEXT = 4   # prompt tokens given to the stream so the first output tok
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("_tokenizer", "_stream", "_stop", "_include_stop", "_held", "stopped")
+    __slots__ = ("_tokenizer", "_stream", "_stop", "_include_stop", "_held", "_echo", "stopped")
 
     def __init__(self, tokenizer, prompt_ids=(), stop=(), include_stop=False, skip_special_tokens=True):
         """tokenizer: a `tokenizers.Tokenizer` (a transformers fast tokenizer's `backend_tokenizer`)."""
@@ -17,6 +17,13 @@ class IncrementalDetokenizer:
         context = list(prompt_ids[-PROMPT_CONTEXT:])
         self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens) if context else \
             DecodeStream(skip_special_tokens=skip_special_tokens)
+        # A context that ends inside a UTF-8 character gives DecodeStream no prefix, so its first text would
+        # repeat the context's: that text (up to the broken character) is cut from the front of the first text.
+        self._echo = ""
+        if context:
+            head = tokenizer.decode(context, skip_special_tokens=skip_special_tokens)
+            if head.endswith("\ufffd"):
+                self._echo = head.rstrip("\ufffd")
         self._stop = tuple(stop)
         self._include_stop = include_stop
         self._held = ""
@@ -28,6 +35,8 @@ class IncrementalDetokenizer:
             text = self._stream.step(self._tokenizer, token_ids[0]) or ""
         else:
             text = "".join(filter(None, (self._stream.step(self._tokenizer, t) for t in token_ids)))
+        if self._echo and text:
+            text, self._echo = text[len(self._echo):] if text.startswith(self._echo) else text, ""
         if not self._stop:
             return text
         return self._apply_stop(self._held + text)

@@ -58,3 +58,14 @@ def test_text_that_may_become_a_stop_string_is_held_back(tok):
     emitted = "".join(d.step([t]) for t in ids)
     assert emitted == "abc" and not d.stopped
     assert d.flush() == "</e"   # the stream ended: what was held is released
+
+
+def test_a_prompt_that_ends_inside_a_character_is_not_echoed(tok):
+    """The issue's prompt: "Hello" and the first byte of a character (ids 19556, 173); a completion token that
+    finishes the character gives that character, never the prompt's own text again."""
+    prompt = [19556, 173]
+    assert tok.decode(prompt).endswith("\ufffd")
+    finish = next(t for t in range(tok.vocab_size) if len(tok.decode([173, t])) == 1
+                  and tok.decode([173, t]) != "\ufffd")   # a continuation byte: one whole character
+    pieces, d = stream(tok, [finish, 19556], prompt_ids=prompt)
+    assert "".join(pieces) + d.flush() == tok.decode([173, finish, 19556])   # the character, then the word
