@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= What is continuous batching in LLM serving?
 
-.PHONY: install build test bench generate serve serve-replicas
+.PHONY: install build test bench generate serve serve-replicas cross-tools
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -27,11 +27,19 @@ build: install
 # core and the server once more on the pure-Python twins (the hot-path tests take both flavours in-process;
 # what does not depend on the flavour — `make serve`, the real model's numbers, generation defaults, SIGTERM,
 # the dead-GPU restart — runs once, in the first run).
-test: build
+test: build cross-tools
 	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest tests benches --benchmark-disable
 	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/test_request.py tests/test_manager.py \
 		tests/test_server.py tests/test_openai_surface.py tests/test_reliability.py \
 		-k "not make_serve and not real_model and not generation_defaults and not sigterm and not fatal_device"
+
+# The NEON kernels' exactness check (tests/quant_tiers_check.c under qemu-user) needs an aarch64 cross compiler:
+# installed from Debian's packages where apt runs as root; elsewhere that test skips and says why.
+cross-tools:
+	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu qemu-user) \
+		  >/dev/null 2>&1; } || echo "no aarch64 cross compiler or qemu-user: the NEON check will skip"
 
 # ns per merge / per token, saved for later comparison, then printed as the README's tables.
 bench: build

@@ -400,6 +400,81 @@ RF_DEFINE_TILE256(avxvnni, RF_AVXVNNI)
 #undef RF_SIGNED_avxvnni
 #endif   /* x86-64 */
 
+#if defined(__GNUC__) && defined(__aarch64__) && !defined(__clang__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+#define RF_NEON_TIERS 1
+#define RF_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+
+static int rf_cpu_has_dotprod(void) {
+    static int known = -1;
+    if (known < 0) known = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+    return known;
+}
+
+/* the 8 products of one digit's block (xa, xb: its 32 bytes) with a tile quarter's 8 weight vectors, one row per
+ * int32 lane: sdot by element broadcasts the block's word k (lane k % 4 of xa or xb) */
+#define RF_SDOT8(c, xa, xb) ({                                                                              \
+        int32x4_t u_ = vdotq_laneq_s32(vdupq_n_s32(0), c[0], xa, 0);                                       \
+        int32x4_t v_ = vdotq_laneq_s32(vdupq_n_s32(0), c[1], xa, 1);                                       \
+        u_ = vdotq_laneq_s32(u_, c[2], xa, 2);                                                              \
+        v_ = vdotq_laneq_s32(v_, c[3], xa, 3);                                                              \
+        u_ = vdotq_laneq_s32(u_, c[4], xb, 0);                                                              \
+        v_ = vdotq_laneq_s32(v_, c[5], xb, 1);                                                              \
+        u_ = vdotq_laneq_s32(u_, c[6], xb, 2);                                                              \
+        v_ = vdotq_laneq_s32(v_, c[7], xb, 3);                                                              \
+        vaddq_s32(u_, v_);                                                                                  \
+    })
+
+/* the tile on 128-bit vectors: each block's 16 rows as four quarters of 4 rows (see the scalar tile); sdot is
+ * signed x signed, so Q8_0's weights are taken back to signed (x ^ 0x80) and need no correction */
+RF_DOTPROD static void rf_quant_tile_neon(int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m,
+                                          const int8_t *x1, const int8_t *x2, const float *sx, const float *sumx,
+                                          const int32_t *isum, int64_t b0, int nb, int64_t K, int64_t G,
+                                          float *out) {
+    (void)isum;
+    const uint8x16_t low = vdupq_n_u8(0x0F), flip = vdupq_n_u8(0x80);
+    const float32x4_t inv254 = vdupq_n_f32(1.f / 254.f);
+    float32x4_t acc[RF_QB][4];
+    for (int bb = 0; bb < nb; bb++)
+        for (int q = 0; q < 4; q++) acc[bb][q] = vdupq_n_f32(0.f);
+    for (int64_t g = 0; g < G; g++) {
+        for (int i = 0; i < (q8 ? 8 : 4); i++)
+            __builtin_prefetch(w + g * (q8 ? 512 : 256) + RF_Q_PREFETCH + 64 * i);
+        for (int q = 0; q < 4; q++) {
+            int8x16_t c[8];
+            if (q8) {
+                for (int i = 0; i < 8; i++)
+                    c[i] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(w + g * 512 + 64 * i + 16 * q), flip));
+            } else {
+                for (int i = 0; i < 4; i++) {
+                    uint8x16_t raw = vld1q_u8(w + g * 256 + 64 * i + 16 * q);
+                    c[2 * i] = vreinterpretq_s8_u8(vandq_u8(raw, low));
+                    c[2 * i + 1] = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+                }
+            }
+            float32x4_t dv = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(d + g * RF_QROWS + 4 * q)));
+            float32x4_t mv = q8 ? vdupq_n_f32(0.f) : vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(m + g * RF_QROWS + 4 * q)));
+            for (int bb = 0; bb < nb; bb++) {
+                int64_t sg = (b0 + bb) * G + g;
+                const int8_t *a1 = x1 + (b0 + bb) * K + g * RF_QG, *a2 = x2 + (b0 + bb) * K + g * RF_QG;
+                int8x16_t xa = vld1q_s8(a1), xb = vld1q_s8(a1 + 16), ya = vld1q_s8(a2), yb = vld1q_s8(a2 + 16);
+                int32x4_t s = RF_SDOT8(c, xa, xb), t = RF_SDOT8(c, ya, yb);
+                float32x4_t dot = vfmaq_f32(vcvtq_f32_s32(s), vcvtq_f32_s32(t), inv254);
+                acc[bb][q] = vfmaq_f32(acc[bb][q], dot, vmulq_n_f32(dv, sx[sg]));
+                if (!q8) acc[bb][q] = vfmaq_n_f32(acc[bb][q], mv, sumx[sg]);
+            }
+        }
+    }
+    for (int bb = 0; bb < nb; bb++)
+        for (int q = 0; q < 4; q++) vst1q_f32(out + bb * RF_QROWS + 4 * q, acc[bb][q]);
+}
+#undef RF_SDOT8
+#endif   /* aarch64 */
+
 typedef void (*rf_quant_tile_fn)(int, const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *,
                                  const int8_t *, const float *, const float *, const int32_t *, int64_t, int,
                                  int64_t, int64_t, float *);
@@ -412,6 +487,9 @@ static int rf_quant_tier_ok(int tier) {
     case RF_TIER_AVX2: return rf_cpu_has_avx2();
     case RF_TIER_AVXVNNI: return rf_cpu_has_avxvnni();
     case RF_TIER_AVX512VNNI: return rf_cpu_has_avx512vnni();
+#endif
+#ifdef RF_NEON_TIERS
+    case RF_TIER_NEON: return rf_cpu_has_dotprod();
 #endif
     default: return 0;
     }
@@ -434,6 +512,9 @@ static int rf_quant_linear(int tier, int q8, const uint8_t *w, const uint16_t *d
         tile = rf_quant_tile_avx512;
         quantize = rf_quantize_row_avx512;
     }
+#endif
+#ifdef RF_NEON_TIERS
+    if (tier == RF_TIER_NEON) tile = rf_quant_tile_neon;
 #endif
     /* the digits: on the stack for a few rows (a decode step's), else from the heap */
     char local[16384] __attribute__((aligned(64)));

@@ -3,7 +3,7 @@ from dataclasses import dataclass, fields
 
 
 # the quantized linears' kernels (rosefast.models.quant_ops): the best tier this CPU runs, one tier, or torch's ops
-CPU_KERNELS = ("auto", "avx512vnni", "avxvnni", "avx2", "scalar", "torch")
+CPU_KERNELS = ("auto", "avx512vnni", "avxvnni", "avx2", "neon", "scalar", "torch")
 HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
 
 
@@ -32,7 +32,7 @@ class EngineConfig:
     quantize_lm_head: str = "auto"     # the lm_head's: none, int8, int4; true: as the linears; auto: int8 when
                                        # the linears are quantized, else none (rosefast.models.quant.head_mode)
     cpu_kernels: str = "auto"          # the quantized linears' kernels: auto (the best tier this CPU runs),
-                                       # avx512vnni, avxvnni, avx2, scalar (portable C), torch (torch's own ops)
+                                       # avx512vnni, avxvnni, avx2, neon, scalar (portable C), torch (torch's ops)
 
     def __post_init__(self):
         for name in ("block_size", "max_batch_size", "prefill_max_batch_size", "max_num_batched_tokens"):

@@ -1,6 +1,9 @@
 """Weight-only quantized linears (ROSEFAST_QUANTIZATION): GGUF Q4_1 blocks taken as they are, the ops against
 F.linear on their own dequantized weights, and the whole model against the unquantized one."""
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import gguf
 import pytest
@@ -125,7 +128,7 @@ def test_the_kernel_tiers_are_named_and_a_bad_choice_is_refused_by_name():
         assert AUTO is None
         with pytest.raises(ValueError, match="need the compiled build"):
             quant_ops.pick("scalar")
-    with pytest.raises(ValueError, match="cpu_kernels must be one of auto, avx512vnni, avxvnni, avx2, scalar"):
+    with pytest.raises(ValueError, match="cpu_kernels must be one of auto, avx512vnni, avxvnni, avx2, neon, scalar"):
         quant_ops.pick("sse2")
     with pytest.raises(ValueError, match="cpu_kernels must be one of"):
         EngineConfig(cpu_kernels="neon9")
@@ -356,3 +359,38 @@ def test_the_kernel_tiers_benchmark_runs_every_tier_here():
     rows = kernel_tiers.main(["--batches", "1", "--repeat", "1", "--vocab", "64"])
     assert [tier for tier, *_ in rows] == quant_ops.available()
     assert all(step > 0 and all(u > 0 for u in per_op) for *_, per_op, _, step in rows)
+
+
+DRIVER = Path(__file__).with_name("quant_tiers_check.c")
+CSRC = Path(__file__).parent.parent / "csrc"
+
+
+def _driver(compiler, out, *flags):
+    subprocess.run([compiler, "-O2", *flags, f"-I{CSRC}", "-o", str(out), str(DRIVER), "-lm"], check=True,
+                   capture_output=True)
+    return out
+
+
+def test_the_c_driver_finds_every_x86_tier_equal_to_the_scalar_one(tmp_path):
+    """The kernels' header alone, outside Python: what the compiled build would run on this CPU."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    run = subprocess.run([_driver("cc", tmp_path / "check")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout
+    assert all(f"{t}: 36 cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
+    assert run.stdout.rstrip().endswith(" passed, 0 failed"), run.stdout
+
+
+def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
+    """No ARM machine here: the header cross-compiled for aarch64 and run by qemu-user on a CPU with the
+    dot-product extension (every case against the scalar tier), and on one without it (the tier is refused).
+    ARM speed is unmeasured until an ARM machine runs benches/."""
+    cross, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+    if cross is None or qemu is None:
+        pytest.skip("needs Debian's gcc-aarch64-linux-gnu and qemu-user (make test installs them where apt runs)")
+    binary = _driver(cross, tmp_path / "check-arm", "-static")
+    run = subprocess.run([qemu, "-cpu", "max", str(binary), "neon"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "neon: 36 cases" in run.stdout, run.stdout
+    assert run.stdout.rstrip().endswith("36 passed, 0 failed")
+    old = subprocess.run([qemu, "-cpu", "cortex-a53", str(binary), "neon"], capture_output=True, text=True, timeout=60)
+    assert old.returncode == 2 and "this CPU does not run it" in old.stdout   # ARMv8.0: no sdot, no NEON tier

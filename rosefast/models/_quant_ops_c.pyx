@@ -1,6 +1,6 @@
 # cython: language_level=3
 """Linears on GGUF's Q4_1 and Q8_0 blocks as C kernels (csrc/quant_kernels.h: integer dot products on the tier
-the CPU runs — AVX-512 VNNI, AVX-VNNI, AVX2 or portable C —, the activations as two int8 digits per 32 inputs);
+the CPU runs — AVX-512 VNNI, AVX-VNNI, AVX2, NEON or portable C —, the activations as two int8 digits per 32 inputs);
 twin: _quant_ops_py, the same arithmetic in torch.
 
     check_tiles(w, d, m, bias, out_features, in_features, q8)     # once, when a layer is made
@@ -19,7 +19,7 @@ from quant_kernels cimport rf_quant_linear, rf_quant_tier_ok
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
 
-TIERS = ("scalar", "avx2", "avxvnni", "avx512vnni")   # csrc/quant_kernels.h's RF_TIER_* order
+TIERS = ("scalar", "avx2", "avxvnni", "avx512vnni", "neon")   # csrc/quant_kernels.h's RF_TIER_* order
 BEST_FIRST = tuple(k for k in CPU_KERNELS if k in TIERS)   # the settings list them best first
 
 
