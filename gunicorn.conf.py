@@ -33,12 +33,16 @@ def post_fork(server, worker):
 def post_worker_init(worker):
     """Build the app in the worker right away (the model loads while /health answers 503), and drain on
     SIGTERM: new requests get 503 while the in-flight streams finish, then the worker exits. A worker whose
-    engine died (a fatal device error) sends itself that SIGTERM: gunicorn replaces it."""
+    engine died (a fatal device error) sends itself that SIGTERM: gunicorn replaces it. A worker whose model
+    cannot load exits with gunicorn's boot-error code (3): gunicorn stops, the reason logged at ERROR."""
     import os
     import signal
 
     state = worker.wsgi.load().extensions["rosefast"]
     state.restart_worker = lambda: os.kill(os.getpid(), signal.SIGTERM)
+    state.exit_worker = os._exit   # a model that cannot load: exit(3) makes gunicorn stop with its reason
+    if state.manager is not None and state.manager.load_error is not None:   # it failed before this was set
+        state.exit_worker(3)
 
     def on_sigterm(sig, frame):
         if not state.draining:

@@ -15,6 +15,8 @@
 #   A1      pytest tests/test_model_runner.py -k cuda tests/test_cuda_path.py  (graph == eager; the fake-CUDA
 #           step checks, the graph ladders, the Triton kernel in its interpreter)
 #   B       greedy equality, our LLMEngine vs HF generate, on CUDA, fp32 and bf16, graphs on and off
+#   F       a stream through a real `gunicorn -k gevent server:app` on CUDA, the engine thread starting
+#           processes at load and in a step (Triton's ldconfig/ptxas run there too)
 #   C       in-process decode throughput, bf16, 1/32/256 concurrent x 128 tokens: graphs with the Triton
 #           decode, graphs with the torch twin's (width ladder), eager with each, + a sampled (temperature=1)
 #           run at 256; the KV budget from gpu_memory_utilization (the default) logged
@@ -634,6 +636,32 @@ save()
 print(json.dumps({k: v for k, v in rep.items() if not str(v).startswith("ERROR")}, indent=0))
 EOF
 
+cat > "$WORK/gunicorn_cuda.py" <<'EOF'
+# F: the default model served by a real `gunicorn -k gevent server:app` on CUDA: Triton's driver discovery and
+# kernel compiles start processes (ldconfig, ptxas) on the engine thread, a native one under gevent; the drill
+# ROSEFAST_FAULT_SUBPROCESS_STEP starts more at load and in step 3. One stream of 32 tokens must end whole.
+import json, os, sys, time
+import requests
+from server.process import Server
+
+t0 = time.time()
+s = Server({"ROSEFAST_DEVICE": "cuda", "ROSEFAST_FAULT_SUBPROCESS_STEP": "3"}, startup_timeout=150)
+try:
+    up = time.time() - t0
+    r = requests.post(s.url + "/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 32,
+                      "ignore_eos": True, "stream": True}, stream=True, timeout=120)
+    events = [line for line in r.iter_lines() if line]
+    ok = events[-1:] == [b"data: [DONE]"] and not any(b'"error"' in e for e in events)
+    log = s.log()
+    print(json.dumps({"healthy_after_s": round(up, 1), "events": len(events), "whole": ok,
+                      "spawned_at_load": "engine thread at load" in log,
+                      "spawned_in_step": "engine thread at engine step 3" in log}))
+    if not ok:
+        print(log[-3000:]); sys.exit(1)
+finally:
+    s.stop()
+EOF
+
 # ------------------------------------------------------------------------------------------------
 # the stages
 # ------------------------------------------------------------------------------------------------
@@ -653,6 +681,7 @@ pytest_stage() {  # name limit pytest-args...   (output: $OUT/tests.log; verdict
 
 pytest_stage "A1 tests -k cuda + test_cuda_path" 150 tests/test_model_runner.py tests/test_cuda_path.py -k "cuda or path or ladder or triton or decode_values or budget or profile"
 run_stage "B greedy equality vs HF" 110 "$PY" "$WORK/equality.py"
+run_stage "F a stream through gunicorn -k gevent on CUDA" 100 "$PY" "$WORK/gunicorn_cuda.py"
 run_stage "C throughput" 170 "$PY" "$WORK/throughput.py"
 pytest_stage "A2 tests test_model_runner (rest, on CUDA via auto)" 120 tests/test_model_runner.py -k "not cuda"
 run_stage "D attention microbench" 75 "$PY" "$WORK/attention.py"

@@ -24,16 +24,20 @@ class EngineThread:
     """`EngineThread(config, requests, outbox, ...)`: `requests` is the manager's RequestTable (outputs are
     matched to their records by id), `outbox` where they go. `tokenizer` replaces the model's own,
     `wrap_tokenizer(tokenizer)` wraps it (fault injection), `before_step` goes to the engine, and
-    `on_ready()` runs on this thread once everything is loaded, before the first request is taken.
-    A fatal device error (EngineDeadError) ends the engine: every open request fails with it, the thread
-    steps no more, `dead` holds the error and `on_dead(error)` runs (the server restarts its worker)."""
+    `on_ready()` runs on this thread once everything is loaded, before the first request is taken;
+    `on_load_error(error)` runs on it when loading fails (the server logs it and ends its worker), and
+    `after_step(step_number)` after each step's output is sent (fault injection).
+    A fatal device error (EngineDeadError), or any exception that escapes the loop (a bug outside the
+    engine's own per-row isolation), ends the engine: every open request fails with it, the thread steps
+    no more, `dead` holds the error and `on_dead(error)` runs (the server restarts its worker)."""
 
     def __init__(self, config, requests, outbox, *, tokenizer=None, wrap_tokenizer=None, before_step=None,
-                 on_ready=None, on_dead=None):
+                 on_ready=None, on_dead=None, on_load_error=None, after_step=None):
         self.config = config
         self._requests, self._outbox = requests, outbox
         self._tokenizer_override, self._wrap_tokenizer = tokenizer, wrap_tokenizer
         self._before_step, self._on_ready, self._on_dead = before_step, on_ready, on_dead
+        self._on_load_error, self._after_step = on_load_error, after_step
         self._queue = _queue.SimpleQueue()
         self.model = None        # the ResolvedModel, the tokenizer and the engine, once loaded
         self.tokenizer = None
@@ -103,6 +107,8 @@ class EngineThread:
             self.load_error = e
             self._ready.release()
             self._exited.release()
+            if self._on_load_error is not None:
+                self._on_load_error(e)
             return
         self._ready.release()
         engine = self.engine
@@ -122,12 +128,20 @@ class EngineThread:
             self._exited.release()
 
     def _guarded(self, fn, *args):
+        """Run `fn` of the loop; whatever escapes it ends the engine (a dead device, or a bug whose state no
+        later step can trust): the open requests fail with it instead of waiting for a thread that is gone."""
         try:
             fn(*args)
-        except Exception as e:  # noqa: BLE001 - only a dead device is handled here
-            if not isinstance(e, EngineDeadError) and not is_fatal_device_error(e):
-                raise
-            self._die(e if isinstance(e, EngineDeadError) else EngineDeadError(f"the device failed: {e}"))
+        except BaseException as e:  # noqa: BLE001 - the thread must outlive it to fail what is open
+            if self.dead is not None:
+                return
+            if isinstance(e, EngineDeadError):
+                self._die(e)
+            elif is_fatal_device_error(e):
+                self._die(EngineDeadError(f"the device failed: {e}"))
+            else:
+                log.critical("the engine thread failed", exc_info=True)
+                self._die(EngineDeadError(f"the engine thread failed: {e!r}"))
 
     def _die(self, error):
         """No engine call can succeed any more: fail what is open without touching the device again."""
@@ -222,3 +236,5 @@ class EngineThread:
                 t.finish_reason = reason
             step.add(record, out.new_token_ids, text, done, reason)
         self._outbox.send(step)
+        if self._after_step is not None:
+            self._after_step(engine.steps)

@@ -44,7 +44,8 @@ class SchedulerManager:
 
     def __init__(self, engine_config=None, *, max_inflight_requests=None, tokenize_workers=0,
                  record_token_timestamps=False, waker="thread", before_step=None, tokenizer=None, wait=True,
-                 wrap_tokenizer=None, freeze_gc=True, on_dead=None, **engine_kwargs):
+                 wrap_tokenizer=None, freeze_gc=True, on_dead=None, on_load_error=None, after_step=None,
+                 **engine_kwargs):
         if engine_config is None:
             unknown = set(engine_kwargs) - set(EngineConfig.__dataclass_fields__)
             if unknown:
@@ -70,7 +71,8 @@ class SchedulerManager:
         self._freeze_gc = freeze_gc
         self._engine_thread = EngineThread(engine_config, self.requests, self.outbox, tokenizer=tokenizer,
                                            wrap_tokenizer=wrap_tokenizer, before_step=before_step,
-                                           on_ready=self._on_ready, on_dead=on_dead)
+                                           on_ready=self._on_ready, on_dead=on_dead, on_load_error=on_load_error,
+                                           after_step=after_step)
         self._engine_thread.start(wait=wait)
 
     def _on_ready(self):
@@ -103,7 +105,7 @@ class SchedulerManager:
 
     @property
     def dead(self):
-        """The EngineDeadError that ended the engine (a fatal device error), or None."""
+        """The EngineDeadError that ended the engine (a fatal device error, or the engine thread's own), or None."""
         return self._engine_thread.dead
 
     @property

@@ -42,6 +42,9 @@ class ServerConfig(EngineConfig):
     fault_steps: str = ""                # engine steps (comma-separated numbers) that raise
     fault_tokenize_marker: str = ""      # prompts containing this text make the tokenizer raise
     fault_device_step: int = 0           # this engine step raises a sticky CUDA error (the engine dies)
+    fault_loop_step: int = 0             # the engine thread's own loop raises after this step (the engine dies)
+    fault_subprocess_step: int = 0       # the engine thread starts processes at load and in this step, as
+                                         # Triton and ctypes.util do (a drill for gevent's subprocess)
 
     def fault_step_numbers(self):
         return {int(x) for x in self.fault_steps.split(",") if x.strip()}

@@ -1,6 +1,5 @@
 """The Flask app factory: configuration from ROSEFAST_*, the model loaded in the worker, the routes."""
 import atexit
-import hmac
 import logging
 import os
 import sys
@@ -11,6 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from rosefast._native import native_rlock
 from rosefast.manager import SchedulerManager
+from server.auth import authorized
 from server.config import server_config_from_env
 from server.errors import APIError
 from server.faults import fault_hooks
@@ -18,6 +18,16 @@ from server.logprobs import TokenStrings
 from server.metrics import ENDPOINTS, Metrics, count_request
 
 log = logging.getLogger("rosefast.server")
+WORKER_BOOT_ERROR = 3   # gunicorn's code for a worker that failed to boot: the arbiter stops the server on it
+
+
+def load_failure(error):
+    """A failed load in words, with what to do where it is a known transient (the device out of memory)."""
+    text = f"{type(error).__name__}: {error}"
+    if "out of memory" in str(error).lower():
+        text += (" -- the device is out of memory at start-up (another process holds it, or the model does not "
+                 "fit): free it, or lower ROSEFAST_GPU_MEMORY_UTILIZATION / ROSEFAST_KV_CACHE_TOKENS")
+    return text
 
 
 def _gevent_patched():
@@ -35,6 +45,7 @@ class State:
         self.started = time.time()
         self.draining = False
         self.restart_worker = None   # set by gunicorn.conf.py: how the worker ends itself when its engine dies
+        self.exit_worker = None      # set by gunicorn.conf.py: exit(code) ends the worker at once (a failed load)
         self._token_strings = None
         self._generation_defaults = None
 
@@ -70,7 +81,18 @@ class State:
             sys.setswitchinterval(c.switch_interval_ms / 1000.0)
         self.manager = SchedulerManager(c.engine_config(), max_inflight_requests=c.max_inflight_requests or None,
                                         tokenize_workers=c.tokenize_workers, waker="gevent" if gevent else "thread",
-                                        wait=False, on_dead=self._engine_died, **fault_hooks(c))
+                                        wait=False, on_dead=self._engine_died, on_load_error=self._load_failed,
+                                        **fault_hooks(c))
+
+    def _load_failed(self, error):
+        """On the engine thread when the model cannot load: say why at ERROR and, under gunicorn, end the worker
+        with the boot-error code, so gunicorn stops with this message instead of a worker answering 503."""
+        reason = load_failure(error)
+        log.error("the model failed to load (ROSEFAST_MODEL=%s): %s", self.config.model, reason,
+                  exc_info=not isinstance(error, (ValueError, FileNotFoundError)))
+        if self.exit_worker is not None:
+            log.error("stopping: the worker exits with gunicorn's boot-error code %d", WORKER_BOOT_ERROR)
+            self.exit_worker(WORKER_BOOT_ERROR)
 
     def _engine_died(self, error):
         """On the engine thread, after a fatal device error failed every open request: /health says 503 and
@@ -122,12 +144,9 @@ def create_app(config=None, start=True):
     @app.before_request
     def _before():
         g.t0 = time.perf_counter()
-        if config.api_key and (request.path.startswith("/v1/") or request.path in tokenizer_api.PATHS):
-            given = request.headers.get("Authorization", "")
-            expected = f"Bearer {config.api_key}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
-                raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                               "authentication_error", code="invalid_api_key")
+        if (request.path.startswith("/v1/") or request.path in tokenizer_api.PATHS) and not authorized(config):
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                           "authentication_error", code="invalid_api_key")
 
     def _answer(e):
         """Every error response goes out here: counted once, with an OpenAI body."""

@@ -8,6 +8,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from rosefast.errors import NotReadyError, ShutdownError
 from server import disconnect, openai_api, sse, structured, tools
+from server.auth import authorized
 from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request, json_response, parse_json
 from server.responses import Run
 from server.shapes import Shapes
@@ -34,14 +35,19 @@ def _body():
 
 @bp.get("/health")
 def health():
+    """Open to every caller (load balancers probe it without a key); the reason behind an error or a dead
+    engine is shown only to a caller with the API key, where one is set."""
     state = _state()
     m = state.manager
-    if m is not None and m.load_error is not None:
-        return json_response({"status": "error", "error": str(m.load_error)}, 500)
+    failure = ("error", m.load_error) if m is not None and m.load_error is not None else \
+        ("dead", m.dead) if m is not None and m.dead is not None else None
+    if failure is not None:
+        body = {"status": failure[0]}
+        if authorized(state.config):
+            body["error"] = str(failure[1])
+        return json_response(body, 503)
     if m is None or not m.ready:
         return json_response({"status": "loading"}, 503)
-    if m.dead is not None:
-        return json_response({"status": "dead", "error": str(m.dead)}, 503)
     if state.draining:
         return json_response({"status": "draining"}, 503)
     return json_response({"status": "ok", "worker": state.config.worker_index})

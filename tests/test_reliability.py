@@ -232,10 +232,15 @@ def worker_pids(server):
     return set(subprocess.run(["pgrep", "-P", str(server.proc.pid)], capture_output=True, text=True).stdout.split())
 
 
-def test_a_fatal_device_error_fails_open_streams_and_gunicorn_replaces_the_worker(tiny_llama):
-    """A sticky CUDA error (injected: what torch raises after an illegal memory access) ends the engine: the open
-    stream gets it as an error event, the worker ends itself and gunicorn starts a fresh one that serves."""
-    s = Server(tiny_env(tiny_llama, fault_device_step="4"))
+@pytest.mark.parametrize("fault,expected", [
+    ("fault_device_step", "the device failed: CUDA error: an illegal memory access"),
+    ("fault_loop_step", "the engine thread failed: RuntimeError('injected fault in the engine thread after step 4')"),
+], ids=["sticky-device-error", "engine-thread-exception"])
+def test_an_engine_that_dies_fails_open_streams_and_gunicorn_replaces_the_worker(tiny_llama, fault, expected):
+    """A sticky CUDA error (injected: what torch raises after an illegal memory access), or any exception that
+    escapes the engine thread's loop, ends the engine: the open stream gets it as an error event (not a hang),
+    the worker ends itself and gunicorn starts a fresh one that serves."""
+    s = Server(tiny_env(tiny_llama, **{fault: "4"}))
     try:
         first = worker_pids(s)
         r = requests.post(s.url + "/v1/completions", json={"prompt": "victim", "max_tokens": 50, "stream": True,
@@ -243,7 +248,7 @@ def test_a_fatal_device_error_fails_open_streams_and_gunicorn_replaces_the_worke
         events = [line for line in r.iter_lines() if line]
         assert events[-1] == b"data: [DONE]"
         err = json.loads(events[-2][6:])["error"]
-        assert "the device failed: CUDA error: an illegal memory access" in err["message"], err
+        assert expected in err["message"], err
         assert "this worker restarts" in err["message"]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -259,6 +264,66 @@ def test_a_fatal_device_error_fails_open_streams_and_gunicorn_replaces_the_worke
         after = requests.post(s.url + "/v1/completions", json={"prompt": "survivor", "max_tokens": 2,
                                                                "ignore_eos": True}, timeout=30)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 2
+    finally:
+        s.stop()
+
+
+def test_a_model_that_cannot_load_stops_gunicorn_with_the_reason_at_error(tmp_path):
+    """A failed start is loud: the reason at ERROR, and the worker exits with gunicorn's boot-error code, so
+    gunicorn itself stops (code 3) instead of a worker answering 503 for ever."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as failed:
+        Server({"ROSEFAST_MODEL": str(tmp_path)}, startup_timeout=90)
+    log = str(failed.value)
+    assert "gunicorn exited with 3" in log, log
+    assert f"ERROR rosefast.server: the model failed to load (ROSEFAST_MODEL={tmp_path}): ModelError: " in log, log
+    assert "no weights found" in log and "Worker failed to boot" in log, log
+    assert time.monotonic() - t0 < 60
+
+
+def test_health_shows_the_reason_of_a_failure_only_with_the_key(tmp_path):
+    """In-process (no gunicorn to stop): /health is 503 with the status to anyone, the reason with the key."""
+    from server.config import ServerConfig
+    from server.factory import create_app
+
+    app = create_app(ServerConfig(model=str(tmp_path / "missing"), api_key="sekret"))
+    state = app.extensions["rosefast"]
+    try:
+        _wait_loaded(state.manager)
+        client = app.test_client()
+        anonymous = client.get("/health")
+        assert anonymous.status_code == 503 and anonymous.get_json() == {"status": "error"}
+        keyed = client.get("/health", headers={"Authorization": "Bearer sekret"})
+        assert keyed.status_code == 503 and keyed.get_json()["status"] == "error"
+        assert "does not exist" in keyed.get_json()["error"]
+    finally:
+        state.close()
+
+
+def _wait_loaded(manager, timeout=60):
+    deadline = time.monotonic() + timeout
+    while manager.load_error is None and not manager.ready and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_processes_start_from_the_engine_thread_under_gunicorn_gevent(tiny_llama):
+    """gevent's subprocess cannot run on a native thread (its child watchers live on the main loop, its os.close
+    waits for a loop the thread does not run): the engine thread gets the standard library's. Here the engine
+    thread runs ldconfig (ctypes.util), subprocess.run and a Popen with a timeout while the model loads and
+    inside a step, as Triton and a library import would; the server comes up and the step's stream ends
+    whole."""
+    s = Server(tiny_env(tiny_llama, fault_subprocess_step="3"))
+    try:
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "spawn", "max_tokens": 8, "ignore_eos": True,
+                                                           "stream": True}, stream=True, timeout=60)
+        events = [line for line in r.iter_lines() if line]
+        assert events[-1] == b"data: [DONE]" and not any(b'"error"' in e for e in events), events
+        assert sum(b'"text"' in e for e in events) >= 1
+        log = s.log()
+        assert "started processes on the engine thread at load: find_library -> libc.so" in log, log
+        assert "started processes on the engine thread at engine step 3" in log, log
+        assert "Popen echoed 100000 bytes" in log
     finally:
         s.stop()
 
