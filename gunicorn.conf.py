@@ -49,3 +49,14 @@ def post_worker_init(worker):
             state.drain(lambda: setattr(worker, "alive", False), max(worker.cfg.graceful_timeout - 2, 1))
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def post_request(worker, req, environ, resp):
+    """The answer is out: the connection waits for its next request under gunicorn's keep-alive timeout again,
+    not under the send timeout rosefast gave the socket for its writes (server.routes._body)."""
+    sock = environ.get("gunicorn.socket")
+    if sock is not None:
+        try:
+            sock.settimeout(None)
+        except OSError:
+            pass

@@ -1,15 +1,19 @@
 """Incremental detokenization (tokenizers' DecodeStream: UTF-8 safe) and stop strings.
 
 Text that could still turn into a stop string is held back until it either completes one (the stream
-ends there; the stop string itself is not emitted unless asked) or can no longer (it is released).
+ends there; the stop string itself is not emitted unless asked) or can no longer (it is released). The
+stop strings are matched by one automaton per stop set (rosefast.stops): a token's cost is its own
+characters, not the number or length of the stop strings.
 """
 from tokenizers.decoders import DecodeStream
+
+from rosefast.stops import stop_automaton
 
 PROMPT_CONTEXT = 4   # prompt tokens given to the stream so the first output token decodes in context
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("_tokenizer", "_stream", "_stop", "_include_stop", "_held", "_echo", "stopped")
+    __slots__ = ("_tokenizer", "_stream", "_stop", "_state", "_include_stop", "_held", "_echo", "stopped")
 
     def __init__(self, tokenizer, prompt_ids=(), stop=(), include_stop=False, skip_special_tokens=True):
         """tokenizer: a `tokenizers.Tokenizer` (a transformers fast tokenizer's `backend_tokenizer`)."""
@@ -24,7 +28,8 @@ class IncrementalDetokenizer:
             head = tokenizer.decode(context, skip_special_tokens=skip_special_tokens)
             if head.endswith("\ufffd"):
                 self._echo = head.rstrip("\ufffd")
-        self._stop = tuple(stop)
+        self._stop = stop_automaton(tuple(stop)) if stop else None
+        self._state = 0
         self._include_stop = include_stop
         self._held = ""
         self.stopped = False
@@ -37,26 +42,22 @@ class IncrementalDetokenizer:
             text = "".join(filter(None, (self._stream.step(self._tokenizer, t) for t in token_ids)))
         if self._echo and text:
             text, self._echo = text[len(self._echo):] if text.startswith(self._echo) else text, ""
-        if not self._stop:
+        if self._stop is None or not text:
             return text
-        return self._apply_stop(self._held + text)
+        return self._apply_stop(text)
 
-    def _apply_stop(self, buf):
-        cut = -1
-        for s in self._stop:
-            i = buf.find(s)
-            if i >= 0 and (cut < 0 or i < cut):
-                cut, hit = i, s
-        if cut >= 0:
+    def _apply_stop(self, text):
+        """Only the new text runs through the automaton; what is held is the part of the stream so far that
+        could still begin a stop string (the automaton state's depth)."""
+        state, end, length = self._stop.feed(self._state, text)
+        buf = self._held + text
+        if end >= 0:
             self.stopped = True
             self._held = ""
-            return buf[:cut] + (hit if self._include_stop else "")
-        keep = 0
-        for s in self._stop:
-            for j in range(min(len(s) - 1, len(buf)), keep, -1):
-                if buf.endswith(s[:j]):
-                    keep = j
-                    break
+            end += len(buf) - len(text) + 1          # the match ends here in buf
+            return buf[:end - length] + (buf[end - length:end] if self._include_stop else "")
+        self._state = state
+        keep = self._stop.depth[state]
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[:len(buf) - keep]
 

@@ -19,6 +19,8 @@ class LazyApp:
         return self._app
 
     def __call__(self, environ, start_response):
+        # gunicorn's response object: a route that leaves a body unread (a 408) closes the connection with it
+        environ["rosefast.force_close"] = getattr(getattr(start_response, "__self__", None), "force_close", None)
         return self.load()(environ, start_response)
 
 

@@ -29,8 +29,13 @@ class ServerConfig(EngineConfig):
     served_model_name: str = ""          # the name in /v1/models and responses (default: the model spec)
     max_body_bytes: int = 1 << 20        # larger request bodies get 413
     max_tokens_cap: int = 4096           # the largest max_tokens a request may ask for
+    max_output_entries: int = 1 << 20    # what one request may make, at most: prompts x n x (echoed + max_tokens)
+                                         # tokens, each token 1 entry, 2 + k with logprobs (k alternatives)
     default_max_tokens: int = 256        # when a request gives none
     retry_after_seconds: int = 1         # the Retry-After of a 429
+    body_timeout_s: float = 30.0         # a request body must arrive in full within this; else 408, connection closed
+    send_timeout_s: float = 60.0         # a client that takes longer to accept one write (an SSE event, a body) has
+                                         # its stream ended and its request aborted (it stopped reading)
     api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>"
     log_text: bool = False               # log prompts and completions (off: never)
     switch_interval_ms: float = 5.0      # the GIL switch interval in the worker (Python's default): 0.5 forced
@@ -89,13 +94,16 @@ def server_config_from_env(environ=None):
         field = str(e).split(" ", 1)[0]
         raise ConfigError(f"{PREFIX}{field.upper()}: {e}") from None
     for name in ("max_inflight_requests", "tokenize_workers", "worker_index", "max_body_bytes", "max_tokens_cap",
-                 "default_max_tokens", "retry_after_seconds"):
+                 "default_max_tokens", "retry_after_seconds", "max_output_entries"):
         value = getattr(config, name)
-        low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens") else 0
+        low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_output_entries") else 0
         if value < low:
             raise ConfigError(f"{PREFIX}{name.upper()}={value} must be >= {low}")
     if not 0.05 <= config.switch_interval_ms <= 100:
         raise ConfigError(f"{PREFIX}SWITCH_INTERVAL_MS={config.switch_interval_ms} must be in [0.05, 100]")
+    for name in ("body_timeout_s", "send_timeout_s"):
+        if not 0.1 <= getattr(config, name) <= 3600:
+            raise ConfigError(f"{PREFIX}{name.upper()}={getattr(config, name)} must be in [0.1, 3600]")
     if not 0.01 <= config.grammar_timeout_s <= 600:
         raise ConfigError(f"{PREFIX}GRAMMAR_TIMEOUT_S={config.grammar_timeout_s} must be in [0.01, 600]")
     if config.generation_config not in ("model", "none"):

@@ -3,7 +3,7 @@ import math
 from dataclasses import dataclass
 
 from rosefast.engine.sampling import SamplingParams
-from server.errors import bad_request
+from server.errors import APIError, bad_request
 from server.structured import FIELDS as STRUCTURED
 from server.tools import history_tool_calls
 
@@ -159,6 +159,27 @@ def sampling_params(body, config, context_len, options, defaults=None, grammar=N
         )
     except ValueError as e:   # SamplingParams names the field first
         raise bad_request(f"'{str(e).split(' ', 1)[0]}' {str(e).split(' ', 1)[1]}", param_of(e)) from None
+
+
+def check_output_budget(prompts, options, params, context_len, limit):
+    """A 400 when what the request may make passes `limit` (ROSEFAST_MAX_OUTPUT_ENTRIES): per prompt and
+    choice, the echoed prompt (token ids: their count; text: its UTF-8 bytes + 2, as no token is shorter than a
+    byte) plus max_tokens, at most the context length; each token 1 entry, 2 + k with logprobs. Checked before
+    any work, so the response a request asks for is bounded whatever it holds."""
+    per_token = 1 if options.logprobs is None else 2 + options.logprobs
+    tokens = 0
+    for p in prompts:
+        echoed = (len(p) if not isinstance(p, str) else len(p.encode("utf-8", "surrogatepass")) + 2) \
+            if options.echo else 0
+        tokens += min(echoed + params.max_tokens, context_len)
+    entries = tokens * options.n * per_token
+    if entries > limit:
+        raise APIError(
+            400, f"this request may make {entries:,} output entries ({len(prompts)} prompt(s) x {options.n} choice(s): "
+            f"{tokens:,} tokens{' with the prompts echoed' if options.echo else ''}, x {per_token} per token"
+            f"{' with logprobs' if options.logprobs is not None else ''}); this server's limit is {limit:,} "
+            "(ROSEFAST_MAX_OUTPUT_ENTRIES): send fewer prompts, choices, tokens or logprobs",
+            param="max_tokens", code="output_budget_exceeded")
 
 
 def param_of(e):

@@ -1,6 +1,8 @@
 """The routes: POST /v1/completions and /v1/chat/completions (validate, admit with a 429 at once, stream or
 collect), and GET /health, /v1/models and /metrics."""
+import contextlib
 import logging
+import sys
 import time
 
 from flask import Blueprint, Response, current_app, request
@@ -22,15 +24,44 @@ def _state():
 
 
 def _body():
+    """The request's JSON body, read within ROSEFAST_BODY_TIMEOUT_S (a 408 that closes the connection when it
+    is slower: a client trickling its body does not hold the connection for ever). Under gunicorn, the socket
+    then gets ROSEFAST_SEND_TIMEOUT_S for each write of the answer: a client that stops reading has its stream
+    ended (the write raises, the stream closes, its request is aborted) instead of piling output up."""
     environ = request.environ
+    config = _state().config
     length = environ.get("CONTENT_LENGTH", "")
-    if length.isdigit() and "HTTP_TRANSFER_ENCODING" not in environ:   # the common case, without werkzeug's
-        if int(length) > current_app.config["MAX_CONTENT_LENGTH"]:      # stream wrappers (~5% of a request)
-            raise RequestEntityTooLarge()
-        raw = environ["wsgi.input"].read(int(length))
-    else:
-        raw = request.get_data(cache=False)
+    if length.isdigit() and int(length) > current_app.config["MAX_CONTENT_LENGTH"]:
+        raise RequestEntityTooLarge()
+    sock = environ.get("gunicorn.socket")
+    try:
+        with _deadline(config.body_timeout_s if sock is not None else None):
+            if length.isdigit() and "HTTP_TRANSFER_ENCODING" not in environ:   # the common case, without
+                raw = environ["wsgi.input"].read(int(length))                # werkzeug's stream wrappers
+            else:                                                            # (~5% of a request)
+                raw = request.get_data(cache=False)
+    except BodyTimeout:
+        close = environ.get("rosefast.force_close")
+        if close is not None:
+            close()
+        raise APIError(408, f"the request body did not arrive within {config.body_timeout_s:g} s "
+                            "(ROSEFAST_BODY_TIMEOUT_S)", code="request_timeout") from None
+    if sock is not None:
+        sock.settimeout(config.send_timeout_s)
     return parse_json(raw)
+
+
+class BodyTimeout(Exception):
+    pass
+
+
+def _deadline(seconds):
+    """A gevent timeout raising BodyTimeout in this greenlet (nothing without gevent or a limit)."""
+    if seconds is None or "gevent" not in sys.modules:
+        return contextlib.nullcontext()
+    import gevent
+
+    return gevent.Timeout(seconds, BodyTimeout)
 
 
 @bp.get("/health")
@@ -106,6 +137,8 @@ def _serve(chat):
     grammar = structured.compile_grammar(state, *wanted) if wanted is not None else None
     params = openai_api.sampling_params(body, state.config, manager.engine.max_model_len, options,
                                         state.generation_defaults, grammar)
+    openai_api.check_output_budget(prompts, options, params, manager.engine.max_model_len,
+                                   state.config.max_output_entries)
     try:
         if len(prompts) == 1:
             one = prompts[0]

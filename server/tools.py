@@ -17,7 +17,6 @@ from server.errors import bad_request, parse_json
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)
 FALLBACK = ("You can call these functions; their parameters are JSON schemas:\n<tools>\n{tools}\n</tools>\n"
             "To call a function, reply with only " + OPEN + '{{"name": <function name>, "arguments": <the '
             "arguments as a JSON object>}}" + CLOSE + ".")
@@ -139,13 +138,27 @@ def history_tool_calls(i, calls):
     return out
 
 
+def _call_bodies(text):
+    """What each `<tool_call>...</tool_call>` holds, stripped (the last may be unclosed): found with str.find,
+    linear in the text (a lazy regex backtracked quadratically on a long run of spaces)."""
+    at = text.find(OPEN)
+    while at >= 0:
+        start = at + len(OPEN)
+        end = text.find(CLOSE, start)
+        if end < 0:
+            yield text[start:].strip()
+            return
+        yield text[start:end].strip()
+        at = text.find(OPEN, end + len(CLOSE))
+
+
 def parse_calls(text, functions):
     """(content, tool calls in OpenAI's shape) from an output: calls only when it starts with a tool-call tag
     and every call in it is a JSON object naming a given function; otherwise (None calls) the text is content."""
     if not text.lstrip().startswith(OPEN):
         return text, None
     calls = []
-    for body in _CALL.findall(text):
+    for body in _call_bodies(text):
         try:
             call = json.loads(body)
         except (ValueError, RecursionError):   # not a call: the text stays content

@@ -451,3 +451,111 @@ def test_one_requests_settings_never_end_another_stream(tiny_llama):
         assert streamed == usage["choices"][0]["text"]   # every token the bystander would have had alone
     finally:
         s.stop()
+
+
+class Bystander:
+    """A greedy stream of `tokens` tokens run in a thread: its events and the gaps between its text events."""
+
+    def __init__(self, server, tokens=64):
+        self.events, self.gaps = [], []
+        self._thread = threading.Thread(target=self._run, args=(server, tokens))
+
+    def _run(self, server, tokens):
+        r = requests.post(server.url + "/v1/completions", json={"prompt": "bystander", "max_tokens": tokens,
+                                                                "stream": True, "ignore_eos": True, "temperature": 0,
+                                                                "stream_options": {"include_usage": True}},
+                          stream=True, timeout=120)
+        last = None
+        for line in r.iter_lines():
+            if line:
+                now = time.perf_counter()
+                if last is not None:
+                    self.gaps.append(now - last)
+                last = now
+                self.events.append(line)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._thread.join(120)
+
+    def whole(self, tokens):
+        """Every token came (the usage chunk says so), then [DONE], and no error event."""
+        if self.events[-1:] != [b"data: [DONE]"] or any(b'"error"' in e for e in self.events):
+            return False
+        return json.loads(self.events[-2][6:])["usage"]["completion_tokens"] == tokens
+
+    def itl_p50(self):
+        return sorted(self.gaps)[len(self.gaps) // 2]
+
+
+@pytest.fixture(scope="module")
+def timeouts_server(tiny_llama):
+    s = Server(tiny_env(tiny_llama, body_timeout_s=1.5, send_timeout_s=1.5))
+    yield s
+    s.stop()
+
+
+def _itl_bound(idle):
+    """How much slower a bystander may get beside an attack: 4x its idle ITL and 20 ms (two CPU cores are shared
+    with the client, the attacker and the test)."""
+    return 4 * idle + 0.020
+
+
+def test_a_body_slower_than_its_timeout_is_a_408_and_its_connection_closes(timeouts_server):
+    s = timeouts_server
+    with Bystander(s) as idle:
+        pass
+    assert idle.whole(64)
+    with Bystander(s) as beside:
+        with socket.create_connection(("127.0.0.1", s.port)) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"prompt\": ")    # ... and the rest never comes
+            sock.settimeout(10)
+            t0 = time.monotonic()
+            answer = b""
+            while True:
+                part = sock.recv(65536)
+                if not part:
+                    break   # the server closed the connection after its answer
+                answer += part
+            waited = time.monotonic() - t0
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer[:300]
+    err = json.loads(body)["error"]
+    assert err["code"] == "request_timeout" and "ROSEFAST_BODY_TIMEOUT_S" in err["message"], err
+    assert 1.4 < waited < 8, waited
+    assert beside.whole(64) and beside.itl_p50() < _itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)
+    assert not any(wait_idle(s).values())
+
+
+def test_a_client_that_stops_reading_has_its_stream_ended_and_its_request_aborted(timeouts_server):
+    """A streamed request whose client reads nothing: once one write waits past ROSEFAST_SEND_TIMEOUT_S the
+    stream is closed (status 499 in the access log) and its request aborted before its 16 x 1,000 tokens,
+    so its output does not pile up in the worker; a stream beside it runs as it does alone."""
+    s = timeouts_server
+    with Bystander(s) as idle:
+        pass
+    body = json.dumps({"prompt": "never read", "max_tokens": 1000, "n": 16, "ignore_eos": True, "stream": True,
+                       "logprobs": 20, "echo": True}).encode()   # ~11 MB of events: more than the socket buffers
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # before connect: a small window
+    sock.connect(("127.0.0.1", s.port))
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        with Bystander(s) as beside:
+            pass
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "status=499" not in s.log():
+            time.sleep(0.2)
+        line = next((x for x in s.log().splitlines() if "status=499" in x), None)
+        assert line is not None, s.log()
+        completion = int(line.split("completion_tokens=")[1].split()[0])
+        assert completion < 16 * 1000, line
+        assert not any(wait_idle(s, timeout=30).values())   # aborted: nothing held for it
+    finally:
+        sock.close()
+    assert beside.whole(64) and beside.itl_p50() < _itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)

@@ -157,6 +157,25 @@ def test_penalties_change_the_logits_as_defined_and_follow_each_new_token(ops):
     assert len(sampler.penalties) == 0 and not sampler.penalties.counts.any()
 
 
+def test_logit_bias_is_uploaded_once_per_sequence_and_dropped_when_it_ends(ops):
+    """Each sequence's logit_bias goes to the device once, when it first comes, and is added from there every
+    step (not re-expanded into Python lists per row per step); rows in any order get their own."""
+    V = 50
+    sampler = Sampler(V)
+    a = Row(SamplingParams(temperature=0, logit_bias={7: 100}), request_id="a")
+    b = Row(SamplingParams(temperature=0, logit_bias={9: 100, 7: -100}), request_id="b")
+    c = Row(SamplingParams(temperature=0), request_id="c")
+    logits = torch.randn(3, V)
+    plain = int(logits[2].argmax())
+    assert sampler(logits, [a, b, c]).token_ids == [7, 9, plain]
+    made = sampler._bias["a"]
+    for _ in range(3):
+        assert sampler(logits, [b, a, c]).token_ids == [9, 7, plain]
+        assert sampler._bias["a"] is made and set(sampler._bias) == {"a", "b"}
+    sampler.release("a")
+    assert set(sampler._bias) == {"b"}
+
+
 def test_logit_bias_minus_100_bans_a_token_and_min_tokens_holds_eos_off(ops):
     V = 20
     logits = torch.zeros(1, V)
@@ -267,6 +286,7 @@ def test_the_pass_makes_one_host_copy_and_stays_on_the_logits_device():
     ("logit_bias", {5: 101}, r"logit_bias value must be in \[-100.0, 100.0\]"),
     ("logit_bias", {"x": 1}, "logit_bias key must be an integer"),
     ("logit_bias", [1, 2], "logit_bias must be a mapping"),
+    ("logit_bias", {t: 1 for t in range(1025)}, "logit_bias has 1025 entries; at most 1024 are allowed"),
     ("min_tokens", 17, "min_tokens must be <= 16"),
     ("logprobs", 21, "logprobs must be <= 20"),
     ("prompt_logprobs", -1, "prompt_logprobs must be >= 0"),

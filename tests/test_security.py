@@ -117,3 +117,23 @@ def test_what_a_library_refuses_is_a_400_naming_the_field(keyed, name):
     assert r.status_code == 400, (r.status_code, r.text[:300])
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == field and err["message"], err
+
+
+def test_a_request_that_may_make_more_than_the_output_budget_is_a_400_before_any_work(keyed):
+    """n 16 x 64 prompts x ~1,000 echoed tokens x 20 logprobs would be ~20M entries built after the slots are
+    given back: refused at validation, naming the budget and its setting; what evaluation clients send passes."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    huge = {"prompt": [list(range(1, 1001))] * 64, "n": 16, "echo": True, "logprobs": 20, "max_tokens": 1,
+            "temperature": 1}
+    r = requests.post(keyed.url + "/v1/completions", json=huge, headers=auth)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["code"] == "output_budget_exceeded" and err["param"] == "max_tokens", err
+    context = requests.get(keyed.url + "/v1/models", headers=auth).json()["data"][0]["max_model_len"]
+    entries = 64 * min(1000 + 1, context) * 16 * (2 + 20)
+    assert f"may make {entries:,} output entries" in err["message"], err
+    assert "limit is 1,048,576 (ROSEFAST_MAX_OUTPUT_ENTRIES)" in err["message"], err
+    assert keyed.metric("rosefast_inflight_requests") == 0
+    scoring = {"prompt": ["The capital of France is Paris"] * 8, "echo": True, "logprobs": 1, "max_tokens": 0}
+    ok = requests.post(keyed.url + "/v1/completions", json=scoring, headers=auth)
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 8

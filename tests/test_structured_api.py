@@ -237,6 +237,27 @@ def test_streamed_tool_call_watch_equals_the_whole_text_parse(text, cuts):
         assert out == "" and [c["function"] for c in calls] == [c["function"] for c in whole_calls]
 
 
+LAZY_CALL = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CLOSE) + r"|$)", re.S)   # what it was
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([OPEN, CLOSE, PARIS, " ", "\n", "x", "{", "}"]), max_size=12))
+def test_tool_call_bodies_are_found_as_the_regex_found_them(parts):
+    from server.tools import _call_bodies
+
+    text = "".join(parts)
+    assert list(_call_bodies(text)) == LAZY_CALL.findall(text)
+
+
+@pytest.mark.timeout(60)
+def test_a_long_run_of_spaces_in_a_tool_call_parses_in_linear_time():
+    """The lazy regex backtracked quadratically here (20,000 spaces between two characters: 2.4 s on the hub,
+    200,000: minutes); the scan is linear."""
+    text = OPEN + "x" + " " * 200_000 + "x"
+    assert parse_calls(text, FUNCTIONS) == (text, None)
+    assert parse_calls(OPEN + " " * 200_000 + PARIS + " " * 200_000 + CLOSE, FUNCTIONS)[1] is not None
+
+
 def test_the_http_benchmark_runs(tiny_llama, capsys):
     from benches import structured_http
 

@@ -5,7 +5,8 @@
 
 Rows with different settings share the pass; each stage runs only when some row needs it:
 1. logit processing (in fp32): repetition, frequency and presence penalties from per-sequence token
-   counts kept on the device (updated with each sampled token, not rebuilt), logit_bias, min_tokens
+   counts kept on the device (updated with each sampled token, not rebuilt), logit_bias (uploaded once per
+   sequence and kept on the device while it runs), min_tokens
    (EOS and stop ids masked until reached), and an allowed-token bitmask per row (`allowed`: the hook
    structured output plugs into; xgrammar's layout: bit j of int32 word i allows token 32 i + j);
 2. greedy rows take the argmax of the processed logits;
@@ -116,10 +117,20 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.penalties = PenaltyState(vocab_size, self.device)
+        self._bias = {}   # request id -> (token ids [K] long, biases [K] fp32) on the device, made once
 
     def release(self, request_id):
         """The sequence has ended: forget its sampling state."""
         self.penalties.release(request_id)
+        self._bias.pop(request_id, None)
+
+    def _bias_of(self, seq):
+        bias = self._bias.get(seq.request_id)
+        if bias is None:
+            b = seq.params.logit_bias
+            bias = self._bias[seq.request_id] = (self._tensor(list(b), torch.long),
+                                                 self._tensor(list(b.values()), torch.float32))
+        return bias
 
     def _tensor(self, values, dtype):
         return upload(values, dtype, self.device)
@@ -145,21 +156,17 @@ class Sampler:
             xr = xr - freq * counts - pres * (counts > 0).to(torch.float32)
             x.index_copy_(0, rows, xr)
             state_rows = (rows, state_rows)
-        bias_rows, bias_tokens, bias_values, ban_rows, ban_tokens = [], [], [], [], []
+        ban_rows, ban_tokens = [], []
         for i, p in enumerate(params):
             if not p.processed:
                 continue
-            if p.logit_bias:
-                bias_rows += [i] * len(p.logit_bias)
-                bias_tokens += p.logit_bias.keys()
-                bias_values += p.logit_bias.values()
+            if p.logit_bias:   # its own tensors, uploaded when the sequence first came: one op a step
+                tokens, values = self._bias_of(seqs[i])
+                x[i].index_add_(0, tokens, values)
             if p.min_tokens and seqs[i].num_output_tokens < p.min_tokens:
                 stops = list(seqs[i].stop_ids)
                 ban_rows += [i] * len(stops)
                 ban_tokens += stops
-        if bias_rows:
-            x.index_put_((self._tensor(bias_rows, torch.long), self._tensor(bias_tokens, torch.long)),
-                         self._tensor(bias_values, torch.float32), accumulate=True)
         if ban_rows:
             x.index_put_((self._tensor(ban_rows, torch.long), self._tensor(ban_tokens, torch.long)),
                          torch.tensor(_NEG_INF, device=x.device))

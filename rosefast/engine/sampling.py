@@ -7,6 +7,7 @@ _INF = float("inf")
 _PLAIN_NUMBER = (float, int)   # exact types: a bool is neither
 MAX_LOGPROBS = 20              # top logprobs per token, at most (OpenAI's limit)
 MAX_LOGIT_BIAS = 100.0         # |bias| at most (OpenAI's limit)
+MAX_LOGIT_BIAS_TOKENS = 1024   # entries in one logit_bias at most (ours: checking and uploading it is bounded)
 
 
 def _int(name, value, low, high=None):
@@ -35,7 +36,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # in [-2, 2]: subtracted from a token's logit once it has been generated
     frequency_penalty: float = 0.0 # in [-2, 2]: subtracted once per time it has been generated
     repetition_penalty: float = 1.0  # > 0: a seen token's (prompt or output) logit divided by it (x it if < 0)
-    logit_bias: dict = None        # {token id: bias in [-100, 100]} added to the logits
+    logit_bias: dict = None        # {token id: bias in [-100, 100]} added to the logits (at most 1,024 entries)
     min_tokens: int = 0            # EOS and stop token ids are masked until this many tokens are out
     seed: int = None               # the same seed gives the same tokens, whatever else is in the batch
     stop_token_ids: tuple = ()     # extra tokens that end the request (besides EOS)
@@ -79,6 +80,9 @@ class SamplingParams:
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError(f"logit_bias must be a mapping of token ids to numbers, got {self.logit_bias!r}")
+            if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+                raise ValueError(f"logit_bias has {len(self.logit_bias)} entries; at most {MAX_LOGIT_BIAS_TOKENS} "
+                                 f"are allowed")
             bias = {}
             for token, value in self.logit_bias.items():
                 token = int(token) if isinstance(token, str) and token.strip().lstrip("-").isdigit() else token
