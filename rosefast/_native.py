@@ -25,6 +25,11 @@ def native_rlock():
     return _original("_thread", "RLock")()
 
 
+def native_sleep(seconds):
+    """The OS's sleep: on a native thread, gevent's patched time.sleep would run a hub of that thread's own."""
+    _original("time", "sleep")(seconds)
+
+
 def start_native_thread(target, *args):
     """Start `target(*args)` in a real OS thread; gevent's patched Thread would give a greenlet. Under gevent,
     `subprocess` works on it (install_native_subprocess)."""

@@ -12,6 +12,7 @@ import time
 from rosefast._native import native_lock, start_native_thread
 from rosefast.detok import IncrementalDetokenizer
 from rosefast.engine.device import is_fatal_device_error
+from rosefast.engine.grammar import GrammarError
 from rosefast.errors import EngineDeadError, EngineError, ShutdownError
 from rosefast.outbox import StepBatch
 
@@ -201,8 +202,9 @@ class EngineThread:
                 record = requests.get(rid)
                 if record is not None and not record.finished:
                     by_error.setdefault(result.errors.get(rid, result.error), []).append(record)
-            for error, records in by_error.items():
-                self._outbox.fail(records, EngineError(f"engine step failed: {error!r}"))
+            for error, records in by_error.items():   # a grammar the library refused while generating is the
+                self._outbox.fail(records, error if isinstance(error, GrammarError) else   # request's (a 400)
+                                  EngineError(f"engine step failed: {error!r}"))
         now = time.perf_counter()
         step = StepBatch()
         for out in result.outputs:

@@ -42,11 +42,14 @@ class ServerConfig(EngineConfig):
                                          # the hub and the engine thread to trade the GIL 10x as often, for
                                          # no better 429 latency and ~10% less throughput (README)
     grammar_timeout_s: float = 10.0      # structured output: a grammar that takes longer to compile is a 400
+    grammar_threads: int = 2             # native threads that compile grammars (identical compiles merged)
     generation_config: str = "model"     # model: the model's generation defaults fill what a request omits; none
     # fault injection, for reliability tests and drills (off by default)
     fault_steps: str = ""                # engine steps (comma-separated numbers) that raise
     fault_tokenize_marker: str = ""      # prompts containing this text make the tokenizer raise
     fault_device_step: int = 0           # this engine step raises a sticky CUDA error (the engine dies)
+    fault_grammar_delay_s: float = 0.0   # a grammar compile that is not cached takes at least this long (a drill
+                                         # for the grammar pool's merging and timeouts)
     fault_loop_step: int = 0             # the engine thread's own loop raises after this step (the engine dies)
     fault_subprocess_step: int = 0       # the engine thread starts processes at load and in this step, as
                                          # Triton and ctypes.util do (a drill for gevent's subprocess)
@@ -94,9 +97,10 @@ def server_config_from_env(environ=None):
         field = str(e).split(" ", 1)[0]
         raise ConfigError(f"{PREFIX}{field.upper()}: {e}") from None
     for name in ("max_inflight_requests", "tokenize_workers", "worker_index", "max_body_bytes", "max_tokens_cap",
-                 "default_max_tokens", "retry_after_seconds", "max_output_entries"):
+                 "default_max_tokens", "retry_after_seconds", "max_output_entries", "grammar_threads"):
         value = getattr(config, name)
-        low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_output_entries") else 0
+        low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_output_entries",
+                            "grammar_threads") else 0
         if value < low:
             raise ConfigError(f"{PREFIX}{name.upper()}={value} must be >= {low}")
     if not 0.05 <= config.switch_interval_ms <= 100:

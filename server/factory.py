@@ -14,6 +14,7 @@ from server.auth import authorized
 from server.config import server_config_from_env
 from server.errors import APIError
 from server.faults import fault_hooks
+from server.grammar_pool import GrammarPool
 from server.logprobs import TokenStrings
 from server.metrics import ENDPOINTS, Metrics, count_request
 
@@ -42,6 +43,7 @@ class State:
         self.config = config
         self.manager = None
         self.metrics = Metrics(self)
+        self.grammar_pool = GrammarPool(config.grammar_threads)
         self.started = time.time()
         self.draining = False
         self.restart_worker = None   # set by gunicorn.conf.py: how the worker ends itself when its engine dies

@@ -32,6 +32,13 @@ ENGINE_LIVE = (
     (GaugeMetricFamily, "rosefast_waiting_requests", "sequences waiting for admission to the engine", "waiting"),
 )
 
+GRAMMAR_POOL = (
+    ("rosefast_grammar_pool_runs", "grammar compiles (cache lookups included) run in the grammar pool", "runs"),
+    ("rosefast_grammar_pool_merged", "requests that waited on an identical compile in flight", "merged"),
+    ("rosefast_grammar_pool_abandoned", "compiles dropped unrun: every request for them had timed out",
+     "abandoned"),
+)
+
 
 def histogram_family(name, doc, histogram):
     return HistogramMetricFamily(name, doc, buckets=[(floatToGoString(b), n) for b, n in histogram.buckets()],
@@ -56,6 +63,9 @@ class _LiveState:
     def collect(self):
         m = self._state.manager
         yield GaugeMetricFamily("rosefast_ready", "1 when the model is loaded", value=int(bool(m and m.ready)))
+        pool = self._state.grammar_pool
+        for name, doc, value in GRAMMAR_POOL:
+            yield CounterMetricFamily(name, doc, value=getattr(pool, value))
         if m is None:
             return
         stats = m.stats()

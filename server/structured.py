@@ -1,5 +1,8 @@
 """Structured output over HTTP: which grammar a request asks for (OpenAI's response_format, vLLM's guided_* and
 structured_outputs extras), compiled off the hub within ROSEFAST_GRAMMAR_TIMEOUT_S."""
+import json
+
+from rosefast._native import native_sleep
 from rosefast.engine.grammar import GrammarError
 from server.errors import bad_request, parse_json
 
@@ -71,34 +74,26 @@ def requested_grammar(body):
 
 
 def compile_grammar(state, kind, value, field):
-    """The request's Grammar, compiled on a native thread (the hub serves on meanwhile; llguidance drops the
-    GIL) and waited for at most ROSEFAST_GRAMMAR_TIMEOUT_S; a 400 naming the field when it fails or times out."""
+    """The request's Grammar, compiled in the server's grammar pool (server.grammar_pool: native threads of its
+    own, identical compiles merged; the hub serves on meanwhile, llguidance drops the GIL) and waited for at
+    most ROSEFAST_GRAMMAR_TIMEOUT_S; a 400 naming the field when it fails or times out."""
     grammars = state.manager.engine.grammars
     timeout = state.config.grammar_timeout_s
+    pool = state.grammar_pool
     try:
-        _off_hub(lambda: grammars.tokenizer, None)   # once per server: llguidance's view of the vocabulary (~0.5 s)
-        return _off_hub(lambda: grammars.compile(kind, value), timeout)
+        if not grammars.tokenizer_built:   # once: llguidance's view of the vocabulary (~0.5 s), without a limit
+            pool.run("tokenizer", lambda: grammars.tokenizer, None)
+        key = (kind, value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+        delay = state.config.fault_grammar_delay_s
+
+        def compile_now():   # on a pool thread
+            if delay and not grammars.cached(kind, value):
+                native_sleep(delay)
+            return grammars.compile(kind, value)
+        return pool.run(key, compile_now, timeout)
     except GrammarError as e:
         raise bad_request(f"'{field}': {e}", field) from None
+    except (TypeError, ValueError, RecursionError) as e:   # a value json.dumps cannot key (grammars.compile
+        raise bad_request(f"'{field}': {type(e).__name__}: {e}", field) from None   # refuses these too)
     except TimeoutError:
         raise bad_request(f"'{field}': the grammar did not compile within {timeout:g} s", field) from None
-
-
-def _off_hub(fn, timeout):
-    """fn() on one of gevent's native threads, this greenlet waiting (an exception comes back as itself, not
-    as a traceback in the log from the thread pool)."""
-    import gevent
-
-    def call():
-        try:
-            return fn(), None
-        except Exception as e:  # noqa: BLE001 - re-raised in the caller
-            return None, e
-
-    try:
-        value, error = gevent.get_hub().threadpool.spawn(call).get(timeout=timeout)
-    except gevent.Timeout:
-        raise TimeoutError from None
-    if error is not None:
-        raise error
-    return value

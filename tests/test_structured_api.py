@@ -3,6 +3,7 @@ gunicorn: response_format, vLLM's guided_* extras, tools with every tool_choice,
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
@@ -123,9 +124,12 @@ def test_bad_grammars_and_tools_are_400s_naming_the_field(server, body, param, m
     assert error["param"] == param and message in error["message"], error
 
 
-def test_a_slow_grammar_is_a_400_and_the_hub_serves_on_meanwhile(server, client):
-    # ~20,000 choices: over a second to compile here, past this server's 0.3 s limit
-    choices = [f"option{i:05d}{'x' * (i % 7)}" for i in range(20_000)]
+def test_a_slow_grammar_is_a_400_and_the_hub_serves_on_meanwhile(pool_server):
+    # a compile that takes over a second (the pool server's drill), past its 0.3 s limit
+    server = pool_server
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    choices = ["slow-one", "slow-two"]
+    _pool(server)   # llguidance's tokenizer built first (once per server, ~0.5 s of Python)
     seen = []
 
     def health_during():
@@ -264,3 +268,79 @@ def test_the_http_benchmark_runs(tiny_llama, capsys):
     rows = structured_http.main(["--model", str(tiny_llama.path), "--streams", "2", "--tokens", "4", "--rounds", "1"])
     assert [(c, f["completed"], f["errors"]) for c, _, f in rows] == [(False, 2, 0), (True, 2, 0)]
     assert "constrained / unconstrained tok/s" in capsys.readouterr().out
+
+
+
+@pytest.fixture(scope="module")
+def pool_server(tiny_llama):
+    """Every grammar compile that misses the cache takes at least 1 s here (ROSEFAST_FAULT_GRAMMAR_DELAY_S), past
+    the 0.3 s limit: what the grammar pool does with slow compiles, whatever this machine's speed."""
+    s = Server(tiny_env(tiny_llama, grammar_timeout_s=0.3, fault_grammar_delay_s=1.0, grammar_threads=2))
+    yield s
+    s.stop()
+
+
+def _pool(server):
+    """The grammar pool's counters, once llguidance's tokenizer is built (its build is a pool run of its own)."""
+    warm = _until_compiled(server, {"model": "tiny", "prompt": "pick", "max_tokens": 1, "guided_choice": ["warm"]})
+    assert warm.status_code == 200, warm.text
+    return {k: server.metric(f"rosefast_grammar_pool_{k}_total") for k in ("runs", "merged", "abandoned")}
+
+
+def _until_compiled(server, body, deadline_s=30):
+    """Post until the answer is not a compile timeout (the compile that timed out went on and was cached)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        r = requests.post(server.url + "/v1/completions", json=body, timeout=60)
+        if "did not compile within" not in r.text or time.monotonic() > deadline:
+            return r
+        time.sleep(0.3)
+
+
+def test_identical_slow_compiles_are_merged_and_a_timed_out_one_is_cached_when_done(pool_server):
+    """Four requests for one new grammar at once: one compile, three merged into it; each gets its 400 at the
+    0.3 s limit; the compile finishes anyway and the next request for it is served from the cache."""
+    s = pool_server
+    before = _pool(s)
+    body = {"model": "tiny", "prompt": "pick", "max_tokens": 20, "guided_choice": ["alpha-merge", "beta-merge"]}
+    with ThreadPoolExecutor(4) as ex:
+        answers = list(ex.map(lambda _: requests.post(s.url + "/v1/completions", json=body, timeout=30), range(4)))
+    assert [a.status_code for a in answers] == [400] * 4
+    assert all("did not compile within 0.3 s" in a.json()["error"]["message"] for a in answers)
+    after = _pool(s)   # (its warm request is one more run: a cache hit)
+    assert after["merged"] - before["merged"] == 3 and after["runs"] - before["runs"] == 2, (before, after)
+    r = _until_compiled(s, body)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("alpha-merge", "beta-merge"), r.text[:300]
+
+
+def test_a_compile_every_request_gave_up_on_is_dropped_unrun(pool_server):
+    """Both grammar threads busy with slow compiles: a third grammar waits in the queue, its request times out,
+    and when a thread frees it is dropped instead of compiled."""
+    s = pool_server
+    before = _pool(s)
+    bodies = [{"model": "tiny", "prompt": "pick", "max_tokens": 3, "guided_choice": [f"{tag}-one", f"{tag}-two"]}
+              for tag in ("busyA", "busyB", "queued")]
+    with ThreadPoolExecutor(3) as ex:
+        first = [ex.submit(requests.post, s.url + "/v1/completions", json=b, timeout=30) for b in bodies[:2]]
+        time.sleep(0.1)
+        queued = ex.submit(requests.post, s.url + "/v1/completions", json=bodies[2], timeout=30)
+        assert [f.result().status_code for f in first] == [400, 400] and queued.result().status_code == 400
+    deadline = time.monotonic() + 30
+    while s.metric("rosefast_grammar_pool_abandoned_total") == before["abandoned"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = _pool(s)   # (the two slow compiles, and the warm request of each _pool call)
+    assert after["abandoned"] - before["abandoned"] == 1 and after["runs"] - before["runs"] == 2 + 1, \
+        (before, after)
+
+
+def test_a_grammar_the_library_refuses_while_generating_is_a_400(pool_server):
+    """20,000 choices sharing a prefix compile, but llguidance refuses the parser row the first token opens
+    (its limit is 2,000 items): that request's 400 with the library's words, not an engine 500."""
+    body = {"model": "tiny", "prompt": "pick", "max_tokens": 5,
+            "guided_choice": [f"merge{i:05d}{'x' * (i % 7)}" for i in range(20_000)]}
+    r = _until_compiled(pool_server, body, deadline_s=60)
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error", error
+    assert error["message"].startswith("the grammar failed while generating: Parser Error: Current row has 20001 "
+                                       "items; max is 2000"), error

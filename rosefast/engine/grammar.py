@@ -88,6 +88,10 @@ class Grammars:
         self.compiled = 0   # grammars compiled (cache misses)
 
     @property
+    def tokenizer_built(self):
+        return self._tokenizer is not None
+
+    @property
     def tokenizer(self):
         """llguidance's view of the vocabulary (about 0.5 s to build; once)."""
         if self._tokenizer is None:
@@ -98,6 +102,13 @@ class Grammars:
                     self._tokenizer = llguidance.hf.from_tokenizer(self._hf, n_vocab=self.vocab_size,
                                                                    eos_token=self._eos)
         return self._tokenizer
+
+    def cached(self, kind, value=None):
+        """Whether compile(kind, value) would come from the cache."""
+        try:
+            return (kind, grammar_source(kind, value)) in self._cache
+        except Exception:  # noqa: BLE001 - compile() reports what is wrong with it
+            return False
 
     def compile(self, kind, value=None):
         """The Grammar for (kind, value), from the cache or compiled now; GrammarError naming the problem —

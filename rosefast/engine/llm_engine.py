@@ -309,7 +309,8 @@ class LLMEngine:
         llguidance's limits: the sampler only draws allowed tokens)."""
         if seq.matcher.consume_token(token):
             return "stop" if seq.matcher.is_stopped() else None
-        self._fail_row(seq, GrammarError(f"grammar: {seq.matcher.get_error()}"))
+        error = (seq.matcher.get_error() or "").strip().splitlines()   # its first line: the rest dumps its state
+        self._fail_row(seq, GrammarError(f"the grammar failed while generating: {error[0] if error else '?'}"))
         return "refused"
 
     def _prompt_logprobs(self, step, full, logits):
