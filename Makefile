@@ -26,12 +26,15 @@ build: install
 # The suite, plus every benchmark run once as a smoke test (so benches/ cannot rot); then the serving
 # core and the server once more on the pure-Python twins (the hot-path tests take both flavours in-process;
 # what does not depend on the flavour — `make serve`, the real model's numbers, generation defaults, SIGTERM,
-# the dead-GPU restart — runs once, in the first run).
+# the dead-GPU and dead-engine restarts, a failed start, processes from the engine thread, the body timeout,
+# the API key and the logs — runs once, in the first run).
 test: build cross-tools
 	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest tests benches --benchmark-disable
 	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/test_request.py tests/test_manager.py \
-		tests/test_server.py tests/test_openai_surface.py tests/test_reliability.py \
-		-k "not make_serve and not real_model and not generation_defaults and not sigterm and not fatal_device"
+		tests/test_server.py tests/test_openai_surface.py tests/test_reliability.py tests/test_security.py \
+		-k "not make_serve and not real_model and not generation_defaults and not sigterm and not engine_that_dies \
+		and not cannot_load and not processes_start and not slower_than and not needs_the_key and not logs \
+		and not logged and not bad_config and not model_field"
 
 # The NEON kernels' exactness check (tests/quant_tiers_check.c under qemu-user) needs an aarch64 cross compiler:
 # installed from Debian's packages where apt runs as root; elsewhere that test skips and says why.

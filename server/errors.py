@@ -5,13 +5,14 @@ import json
 from flask import Response
 
 from rosefast.errors import EngineError, NotReadyError, OverloadedError, ShutdownError
+from server.json_text import dumps
 
 MANAGER_ERRORS = (OverloadedError, ShutdownError, EngineError, ValueError)
 LOADING_RETRY_AFTER_S = 5
 
 
 def json_response(payload, status=200, headers=None):
-    return Response(json.dumps(payload), status=status, mimetype="application/json", headers=headers)
+    return Response(dumps(payload), status=status, mimetype="application/json", headers=headers)
 
 
 class APIError(Exception):

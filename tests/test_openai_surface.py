@@ -242,3 +242,67 @@ def test_generation_defaults_come_from_the_model(tiny_llama, tmp_path, default_m
             assert explicit["choices"][0]["text"] == greedy   # a request's own value wins
         finally:
             s.stop()
+
+
+def _dict_completion_logprobs(strings, entries, offset):
+    """The reference: the legacy shape built as dicts (as it was built before it was written as text)."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for token, entry in entries:
+        text = strings.text(token)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        if entry is None:
+            lps.append(None)
+            tops.append(None)
+            continue
+        chosen, top = entry
+        lps.append(chosen)
+        ranked = {strings.text(t): lp for t, lp in top}
+        ranked.setdefault(text, chosen)
+        tops.append(ranked)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}, offset
+
+
+def _dict_chat_logprobs(strings, entries):
+    return {"content": [{"token": strings.text(t), "logprob": c, "bytes": strings.bytes(t),
+                         "top_logprobs": [{"token": strings.text(a), "logprob": lp, "bytes": strings.bytes(a)}
+                                          for a, lp in top]} for t, (c, top) in entries]}
+
+
+@pytest.fixture(scope="module")
+def token_strings(default_model):
+    from rosefast.models import load_tokenizer
+    from server.logprobs import TokenStrings
+
+    return TokenStrings(load_tokenizer(default_model))
+
+
+def test_logprobs_written_as_text_parse_to_the_dicts_they_replace(token_strings):
+    """Both shapes, written straight to JSON text, parse to what the dict-built shapes serialized to: unicode and
+    byte-fragment tokens, tokens whose texts collide in top_logprobs, a prompt's first token without a logprob,
+    -inf and tiny logprobs; through both encoders (the SSE one and the JSON body one)."""
+    import json
+    import random
+
+    from server.json_text import dumps
+    from server.logprobs import chat_logprobs, completion_logprobs
+
+    rng = random.Random(7)
+    tokens = [rng.randrange(49152) for _ in range(300)] + [3, 4, 5, 252, 253, 216, 230]   # + byte tokens
+    values = [-0.0, -1e-300, -3.25, float("-inf"), -123.456789012345]
+
+    def entry():
+        top = [(rng.choice(tokens), rng.choice(values)) for _ in range(rng.randrange(0, 6))]
+        return rng.choice(values), top
+
+    entries = [(tokens[0], None)] + [(t, entry()) for t in tokens]
+    text, end = completion_logprobs(token_strings, entries, 17)
+    reference, ref_end = _dict_completion_logprobs(token_strings, entries, 17)
+    assert end == ref_end
+    chat = chat_logprobs(token_strings, entries[1:])
+    chat_reference = _dict_chat_logprobs(token_strings, entries[1:])
+    for kwargs in ({}, {"ensure_ascii": False, "separators": (",", ":")}):
+        body = json.loads(dumps({"choices": [{"logprobs": text}, {"logprobs": chat}]}, **kwargs))
+        assert body["choices"][0]["logprobs"] == json.loads(json.dumps(reference))
+        assert body["choices"][1]["logprobs"] == json.loads(json.dumps(chat_reference))
