@@ -1,8 +1,13 @@
 """A real gunicorn for a test (server/process.py), the tiny model's environment for it, and the module
 fixtures of the suites that drive one through the official client (imported by name where used: one
 server per module)."""
+import json
+import threading
+import time
+
 import openai
 import pytest
+import requests
 
 from rosefast.engine.llm_engine import LLMEngine
 from server.process import ROOT, Server, free_port  # noqa: F401 - the tests' names for them
@@ -30,3 +35,48 @@ def client(server):
 @pytest.fixture(scope="module")
 def offline(tiny_llama):
     return LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=16384)
+
+
+class Bystander:
+    """A greedy stream of `tokens` tokens run in a thread: its events and the gaps between its text events."""
+
+    def __init__(self, server, tokens=64):
+        self.events, self.gaps = [], []
+        self._thread = threading.Thread(target=self._run, args=(server, tokens))
+
+    def _run(self, server, tokens):
+        r = requests.post(server.url + "/v1/completions", json={"prompt": "bystander", "max_tokens": tokens,
+                                                                "stream": True, "ignore_eos": True, "temperature": 0,
+                                                                "stream_options": {"include_usage": True}},
+                          stream=True, timeout=120)
+        last = None
+        for line in r.iter_lines():
+            if line:
+                now = time.perf_counter()
+                if last is not None:
+                    self.gaps.append(now - last)
+                last = now
+                self.events.append(line)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._thread.join(120)
+
+    def whole(self, tokens):
+        """Every token came (the usage chunk says so), then [DONE], and no error event."""
+        if self.events[-1:] != [b"data: [DONE]"] or any(b'"error"' in e for e in self.events):
+            return False
+        return json.loads(self.events[-2][6:])["usage"]["completion_tokens"] == tokens
+
+    def itl_p50(self):
+        return sorted(self.gaps)[len(self.gaps) // 2]
+
+
+
+def itl_bound(idle):
+    """How much slower a bystander's median gap may get beside an attack: 4x its idle one and 20 ms (two CPU
+    cores are shared with the client, the attacker and the test)."""
+    return 4 * idle + 0.020

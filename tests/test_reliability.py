@@ -12,7 +12,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.serving import Server, tiny_env
+from tests.serving import Bystander, Server, itl_bound, tiny_env
 
 
 def test_sigterm_finishes_inflight_streams_refuses_new_ones_and_exits_0(tiny_llama):
@@ -453,55 +453,12 @@ def test_one_requests_settings_never_end_another_stream(tiny_llama):
         s.stop()
 
 
-class Bystander:
-    """A greedy stream of `tokens` tokens run in a thread: its events and the gaps between its text events."""
-
-    def __init__(self, server, tokens=64):
-        self.events, self.gaps = [], []
-        self._thread = threading.Thread(target=self._run, args=(server, tokens))
-
-    def _run(self, server, tokens):
-        r = requests.post(server.url + "/v1/completions", json={"prompt": "bystander", "max_tokens": tokens,
-                                                                "stream": True, "ignore_eos": True, "temperature": 0,
-                                                                "stream_options": {"include_usage": True}},
-                          stream=True, timeout=120)
-        last = None
-        for line in r.iter_lines():
-            if line:
-                now = time.perf_counter()
-                if last is not None:
-                    self.gaps.append(now - last)
-                last = now
-                self.events.append(line)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._thread.join(120)
-
-    def whole(self, tokens):
-        """Every token came (the usage chunk says so), then [DONE], and no error event."""
-        if self.events[-1:] != [b"data: [DONE]"] or any(b'"error"' in e for e in self.events):
-            return False
-        return json.loads(self.events[-2][6:])["usage"]["completion_tokens"] == tokens
-
-    def itl_p50(self):
-        return sorted(self.gaps)[len(self.gaps) // 2]
-
-
 @pytest.fixture(scope="module")
 def timeouts_server(tiny_llama):
     s = Server(tiny_env(tiny_llama, body_timeout_s=1.5, send_timeout_s=1.5))
     yield s
     s.stop()
 
-
-def _itl_bound(idle):
-    """How much slower a bystander may get beside an attack: 4x its idle ITL and 20 ms (two CPU cores are shared
-    with the client, the attacker and the test)."""
-    return 4 * idle + 0.020
 
 
 def test_a_body_slower_than_its_timeout_is_a_408_and_its_connection_closes(timeouts_server):
@@ -527,7 +484,7 @@ def test_a_body_slower_than_its_timeout_is_a_408_and_its_connection_closes(timeo
     err = json.loads(body)["error"]
     assert err["code"] == "request_timeout" and "ROSEFAST_BODY_TIMEOUT_S" in err["message"], err
     assert 1.4 < waited < 8, waited
-    assert beside.whole(64) and beside.itl_p50() < _itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)
+    assert beside.whole(64) and beside.itl_p50() < itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)
     assert not any(wait_idle(s).values())
 
 
@@ -558,4 +515,4 @@ def test_a_client_that_stops_reading_has_its_stream_ended_and_its_request_aborte
         assert not any(wait_idle(s, timeout=30).values())   # aborted: nothing held for it
     finally:
         sock.close()
-    assert beside.whole(64) and beside.itl_p50() < _itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)
+    assert beside.whole(64) and beside.itl_p50() < itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)

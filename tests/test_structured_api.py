@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from benches.schemas import SCHEMAS, WEATHER_TOOL
 from server.tools import CLOSE, OPEN, CallWatch, parse_calls
-from tests.serving import Server, tiny_env
+from tests.serving import Bystander, Server, itl_bound, tiny_env
 
 CHAT = [{"role": "user", "content": "Answer in JSON."}]
 FUNCTIONS = {"get_weather": {}}
@@ -320,7 +320,9 @@ def test_a_compile_every_request_gave_up_on_is_dropped_unrun(pool_server):
     before = _pool(s)
     bodies = [{"model": "tiny", "prompt": "pick", "max_tokens": 3, "guided_choice": [f"{tag}-one", f"{tag}-two"]}
               for tag in ("busyA", "busyB", "queued")]
-    with ThreadPoolExecutor(3) as ex:
+    with Bystander(s) as idle:
+        pass
+    with Bystander(s, tokens=128) as beside, ThreadPoolExecutor(3) as ex:   # a stream runs beside the compiles
         first = [ex.submit(requests.post, s.url + "/v1/completions", json=b, timeout=30) for b in bodies[:2]]
         time.sleep(0.1)
         queued = ex.submit(requests.post, s.url + "/v1/completions", json=bodies[2], timeout=30)
@@ -331,6 +333,7 @@ def test_a_compile_every_request_gave_up_on_is_dropped_unrun(pool_server):
     after = _pool(s)   # (the two slow compiles, and the warm request of each _pool call)
     assert after["abandoned"] - before["abandoned"] == 1 and after["runs"] - before["runs"] == 2 + 1, \
         (before, after)
+    assert beside.whole(128) and beside.itl_p50() < itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)
 
 
 def test_a_grammar_the_library_refuses_while_generating_is_a_400(pool_server):
