@@ -54,6 +54,30 @@ class ServerConfig(EngineConfig):
     fault_subprocess_step: int = 0       # the engine thread starts processes at load and in this step, as
                                          # Triton and ctypes.util do (a drill for gevent's subprocess)
 
+    def __post_init__(self):
+        """EngineConfig's checks, then the server's: a ServerConfig built in code is refused as one built from
+        the environment is (a ValueError that starts with the field's name)."""
+        super().__post_init__()
+        for name, low in (("max_inflight_requests", 0), ("tokenize_workers", 0), ("worker_index", 0),
+                          ("max_body_bytes", 1), ("max_tokens_cap", 1), ("default_max_tokens", 1),
+                          ("retry_after_seconds", 0), ("max_output_entries", 1), ("grammar_threads", 1),
+                          ("fault_device_step", 0), ("fault_loop_step", 0), ("fault_subprocess_step", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name, low, high in (("switch_interval_ms", 0.05, 100), ("grammar_timeout_s", 0.01, 600),
+                                ("body_timeout_s", 0.1, 3600), ("send_timeout_s", 0.1, 3600),
+                                ("fault_grammar_delay_s", 0, 600)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+        if self.generation_config not in ("model", "none"):
+            raise ValueError(f"generation_config must be model or none, got {self.generation_config!r}")
+        try:
+            self.fault_step_numbers()
+        except ValueError:
+            raise ValueError(f"fault_steps must be comma-separated integers, got {self.fault_steps!r}") from None
+
     def fault_step_numbers(self):
         return {int(x) for x in self.fault_steps.split(",") if x.strip()}
 
@@ -92,31 +116,10 @@ def server_config_from_env(environ=None):
     if "{worker}" in values.get("device", ""):   # one GPU per worker: ROSEFAST_DEVICE=cuda:{worker}
         values["device"] = values["device"].replace("{worker}", str(values.get("worker_index", 0)))
     try:
-        config = ServerConfig(**values)
-    except ValueError as e:   # EngineConfig's checks name the field first
+        return ServerConfig(**values)
+    except ValueError as e:   # the checks name the field first
         field = str(e).split(" ", 1)[0]
         raise ConfigError(f"{PREFIX}{field.upper()}: {e}") from None
-    for name in ("max_inflight_requests", "tokenize_workers", "worker_index", "max_body_bytes", "max_tokens_cap",
-                 "default_max_tokens", "retry_after_seconds", "max_output_entries", "grammar_threads"):
-        value = getattr(config, name)
-        low = 1 if name in ("max_body_bytes", "max_tokens_cap", "default_max_tokens", "max_output_entries",
-                            "grammar_threads") else 0
-        if value < low:
-            raise ConfigError(f"{PREFIX}{name.upper()}={value} must be >= {low}")
-    if not 0.05 <= config.switch_interval_ms <= 100:
-        raise ConfigError(f"{PREFIX}SWITCH_INTERVAL_MS={config.switch_interval_ms} must be in [0.05, 100]")
-    for name in ("body_timeout_s", "send_timeout_s"):
-        if not 0.1 <= getattr(config, name) <= 3600:
-            raise ConfigError(f"{PREFIX}{name.upper()}={getattr(config, name)} must be in [0.1, 3600]")
-    if not 0.01 <= config.grammar_timeout_s <= 600:
-        raise ConfigError(f"{PREFIX}GRAMMAR_TIMEOUT_S={config.grammar_timeout_s} must be in [0.01, 600]")
-    if config.generation_config not in ("model", "none"):
-        raise ConfigError(f"{PREFIX}GENERATION_CONFIG={config.generation_config!r} must be model or none")
-    try:
-        config.fault_step_numbers()
-    except ValueError:
-        raise ConfigError(f"{PREFIX}FAULT_STEPS={config.fault_steps!r} must be comma-separated integers") from None
-    return config
 
 
 def documented_variables():

@@ -28,12 +28,17 @@ def check_pool(engine):
 
 
 def apply(engine, ops, rng):
+    """Run the ops; every third add has 2 or 3 choices (its forks share the prompt's blocks: the reference
+    counts must say so, and freeing one choice must not free the others' blocks)."""
     live = []
     for op, arg in ops:
         if op == "add":
             prompt = (SHARED[:arg % 33] if arg % 2 else []) + [rng.randrange(1, 40000) for _ in range(1 + arg % 23)]
             params = SamplingParams(max_tokens=1 + arg % 17, temperature=0, ignore_eos=True)
-            live.append(engine.add_request(prompt, params))
+            rid = f"r{rng.getrandbits(48):012x}"
+            forks = [f"{rid}-{k}" for k in range(1 + arg % 2)] if arg % 3 == 0 else []
+            live.append(engine.add_request(prompt, params, request_id=rid, fork_ids=forks))
+            live += forks
         elif op == "abort" and live:
             engine.abort(live.pop(arg % len(live)))
         else:
@@ -73,4 +78,4 @@ def test_a_thousand_random_operations(engine):
     live = apply(engine, ops, rng)
     drain_and_check(engine, live, abort_rest=False)
     bm = engine.block_manager
-    assert bm.hits > 0 and bm.evictions > 0 and engine.scheduler.preemptions > 0
+    assert bm.hits > 0 and bm.evictions > 0 and engine.scheduler.preemptions > 0 and engine.forks > 0

@@ -21,10 +21,13 @@ def test_variables_map_to_fields():
     ("ROSEFAST_KV_MEMORY_FRACTION", "2", "ROSEFAST_KV_MEMORY_FRACTION"),
     ("ROSEFAST_DTYPE", "int4", "ROSEFAST_DTYPE"),
     ("ROSEFAST_DEVICE", "tpu", "ROSEFAST_DEVICE"),
-    ("ROSEFAST_TOKENIZE_WORKERS", "-1", "ROSEFAST_TOKENIZE_WORKERS=-1 must be >= 0"),
-    ("ROSEFAST_MAX_BODY_BYTES", "0", "ROSEFAST_MAX_BODY_BYTES=0 must be >= 1"),
+    ("ROSEFAST_TOKENIZE_WORKERS", "-1", "ROSEFAST_TOKENIZE_WORKERS: tokenize_workers must be an integer >= 0, got -1"),
+    ("ROSEFAST_MAX_BODY_BYTES", "0", "ROSEFAST_MAX_BODY_BYTES: max_body_bytes must be an integer >= 1, got 0"),
     ("ROSEFAST_STAND_IN_STEP_MS", "-1", "ROSEFAST_STAND_IN_STEP_MS"),
-    ("ROSEFAST_SWITCH_INTERVAL_MS", "0", "ROSEFAST_SWITCH_INTERVAL_MS=0.0 must be in"),
+    ("ROSEFAST_SWITCH_INTERVAL_MS", "0", "ROSEFAST_SWITCH_INTERVAL_MS: switch_interval_ms must be a number in"),
+    ("ROSEFAST_SEND_TIMEOUT_S", "0", "ROSEFAST_SEND_TIMEOUT_S: send_timeout_s must be a number in"),
+    ("ROSEFAST_GENERATION_CONFIG", "maybe", "ROSEFAST_GENERATION_CONFIG: generation_config must be model or none"),
+    ("ROSEFAST_FAULT_STEPS", "1,x", "ROSEFAST_FAULT_STEPS: fault_steps must be comma-separated integers"),
 ])
 def test_bad_values_name_the_variable(name, value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
@@ -43,3 +46,13 @@ def test_every_field_has_its_variable_and_its_readme_row_with_the_default():
     missing = [f"| `{name}` | `{default if default != '' else repr('')}` |" for name, default in documented_variables()]
     missing = [row for row in missing if row not in readme]
     assert not missing
+
+
+@pytest.mark.parametrize("field, value", [("max_inflight_requests", -1), ("max_output_entries", 0),
+                                          ("grammar_threads", 0), ("body_timeout_s", 0.0),
+                                          ("generation_config", "sometimes"), ("max_batch_size", 0)])
+def test_a_config_built_in_code_is_checked_as_one_from_the_environment(field, value):
+    from server.config import ServerConfig
+
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        ServerConfig(**{field: value})

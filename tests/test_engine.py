@@ -169,3 +169,27 @@ def test_generate_strings_with_progress(tiny_llama, capsys):
     assert [len(r["token_ids"]) for r in results] == [3, 3]
     assert all(isinstance(r["text"], str) for r in results)
     assert "rosefast generate" in capsys.readouterr().err
+
+
+def test_the_stand_in_takes_what_the_real_engine_takes(default_model):
+    """The stand-in engine (no forward pass) behind the same LLMEngine: n > 1 (forked choices select logits
+    rows), echo with prompt logprobs, and a chunked prefill beside decodes all run to the end."""
+    engine = LLMEngine(model="stand-in", max_num_batched_tokens=32, kv_cache_tokens=4096)
+    long_prompt = list(range(100, 200))                       # chunked: 100 tokens, 32 a step
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True), request_id="fork",
+                       fork_ids=["fork-1", "fork-2"])
+    engine.add_request([4, 5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True, logprobs=1, prompt_logprobs=1),
+                       request_id="echo")
+    engine.add_request(long_prompt, SamplingParams(max_tokens=4, ignore_eos=True), request_id="long")
+    tokens, prompt_logprobs = {}, {}
+    for _ in range(100):
+        if not engine.has_unfinished():
+            break
+        result = engine.step()
+        assert not result.failed, result.errors
+        for out in result.outputs:
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.prompt_logprobs is not None:
+                prompt_logprobs[out.request_id] = out.prompt_logprobs
+    assert {r: len(t) for r, t in tokens.items()} == {"fork": 5, "fork-1": 5, "fork-2": 5, "echo": 3, "long": 4}
+    assert len(prompt_logprobs["echo"]) == 4   # the first prompt token's entry has no logprob

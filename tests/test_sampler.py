@@ -393,3 +393,23 @@ def test_prompt_logprobs_equal_hugging_face_over_the_prompt(default_model):
             values, ids = row.topk(3)
             assert [t for t, _ in top] == ids.tolist()
             assert max(abs(lp - float(v)) for (_, lp), v in zip(top, values)) < 1e-4
+
+
+def test_the_submit_paths_fast_check_covers_every_field():
+    """SamplingParams skips its full check only when every field but the usual few is at its default: the test
+    of that is built from the dataclass's fields, so a new field cannot be left unchecked."""
+    from dataclasses import fields
+
+    from rosefast.engine import sampling
+
+    odd = {"int": 7, "float": 0.5, "NoneType": {"x": 1}, "bool": True, "tuple": ("x",)}
+    plain = SamplingParams()
+    assert sampling._at_defaults(plain)
+    for f in fields(SamplingParams):
+        if not f.init or f.name in sampling._USUAL:
+            continue
+        changed = SamplingParams()
+        object.__setattr__(changed, f.name, odd[type(f.default).__name__])
+        assert not sampling._at_defaults(changed), f.name
+    with pytest.raises(ValueError, match="ignore_eos must be a boolean"):
+        SamplingParams(ignore_eos="yes")

@@ -19,7 +19,7 @@ def test_worker_placeholder_in_the_device():
     c = server_config_from_env({"ROSEFAST_DEVICE": "cuda:{worker}", "ROSEFAST_WORKER_INDEX": "3"})
     assert (c.device, c.engine_config().device, c.worker_index) == ("cuda:3", "cuda:3", 3)
     assert server_config_from_env({"ROSEFAST_DEVICE": "cuda:{worker}"}).device == "cuda:0"
-    with pytest.raises(ConfigError, match="ROSEFAST_WORKER_INDEX=-1 must be >= 0"):
+    with pytest.raises(ConfigError, match="ROSEFAST_WORKER_INDEX: worker_index must be an integer >= 0, got -1"):
         server_config_from_env({"ROSEFAST_WORKER_INDEX": "-1"})
     with pytest.raises(ConfigError, match="ROSEFAST_DEVICE"):
         server_config_from_env({"ROSEFAST_DEVICE": "cuda:{gpu}"})

@@ -1,7 +1,7 @@
 """SamplingParams: what one request asks of the sampler, validated where it is made (a ValueError names the
 field). The batched sampler that carries them out is rosefast.engine.sampler."""
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 _INF = float("inf")
 _PLAIN_NUMBER = (float, int)   # exact types: a bool is neither
@@ -49,19 +49,15 @@ class SamplingParams:
     processed: bool = field(default=False, init=False, repr=False, compare=False)  # any logit processing
 
     def __post_init__(self):
-        # One expression for the common, plainly typed request (it is on the submit path); anything
-        # else — an int temperature, a seed, stop strings, penalties, a bad value — gets the full check.
+        # The common, plainly typed request (it is on the submit path) is checked in one expression: its usual
+        # fields inline, every other field at its default (_at_defaults, built from the fields themselves, so a
+        # new field is never skipped); anything else gets the full check.
         if not (type(self.max_tokens) is int and self.max_tokens >= 1
                 and type(self.temperature) in _PLAIN_NUMBER and 0.0 <= self.temperature < _INF
                 and type(self.top_p) in _PLAIN_NUMBER and 0.0 < self.top_p <= 1.0
                 and type(self.top_k) is int and self.top_k >= -1
-                and type(self.min_p) in _PLAIN_NUMBER and self.min_p == 0
-                and type(self.presence_penalty) in _PLAIN_NUMBER and self.presence_penalty == 0
-                and type(self.frequency_penalty) in _PLAIN_NUMBER and self.frequency_penalty == 0
-                and type(self.repetition_penalty) in _PLAIN_NUMBER and self.repetition_penalty == 1
-                and self.logit_bias is None and type(self.min_tokens) is int and self.min_tokens == 0
-                and self.seed is None and self.stop == () and self.stop_token_ids == ()
-                and self.logprobs is None and self.prompt_logprobs is None and self.grammar is None):
+                and type(self.ignore_eos) is bool and type(self.include_stop_str_in_output) is bool
+                and _at_defaults(self)):
             self._validate()
 
     def _validate(self):
@@ -98,6 +94,9 @@ class SamplingParams:
         self.stop = tuple(self.stop)
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         self.stop_token_ids = tuple(self.stop_token_ids)
         for t in self.stop_token_ids:
             _int("stop_token_ids", t, 0)
@@ -120,3 +119,29 @@ class SamplingParams:
     @property
     def penalized(self):
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+
+_USUAL = ("max_tokens", "temperature", "top_p", "top_k", "ignore_eos",   # checked inline in __post_init__
+          "include_stop_str_in_output")
+
+
+def _at_default(name, default):
+    """A test that field `name` holds its default in a plain type (the source of one clause)."""
+    if default is None or isinstance(default, bool):
+        return f"s.{name} is {default!r}"
+    if default == ():
+        return f"s.{name} == ()"
+    if isinstance(default, int):
+        return f"type(s.{name}) is int and s.{name} == {default!r}"
+    if isinstance(default, float):
+        return f"type(s.{name}) in _PLAIN_NUMBER and s.{name} == {default!r}"
+    raise TypeError(f"SamplingParams.{name}: no fast-path test for a default of {default!r}; add one here")
+
+
+def _fast_check():
+    """One compiled expression: every init field but the usual ones at its default."""
+    clauses = [_at_default(f.name, f.default) for f in fields(SamplingParams) if f.init and f.name not in _USUAL]
+    return eval("lambda s: " + " and ".join(clauses), {"_PLAIN_NUMBER": _PLAIN_NUMBER})   # noqa: S307 - our text
+
+
+_at_defaults = _fast_check()

@@ -9,6 +9,8 @@ one token it can give has probability 1).
 """
 import time
 
+import torch
+
 from rosefast.engine.kv_cache import plan_blocks
 from rosefast.engine.sampler import SampleResult
 from rosefast.models.args import load_model_args
@@ -32,8 +34,10 @@ def stand_in_text(tokenizer, num_tokens):
 
 
 class _Rows:
-    """The stand-in's logits: only how many rows there are (the engine selects rows by index lists)."""
+    """The stand-in's logits: only how many rows there are, selected as the engine selects a tensor's rows
+    (`index_select` with an index tensor on `device`)."""
     __slots__ = ("n",)
+    device = torch.device("cpu")
 
     def __init__(self, n):
         self.n = n
@@ -43,6 +47,9 @@ class _Rows:
 
     def __getitem__(self, rows):
         return _Rows(len(rows))
+
+    def index_select(self, dim, index):
+        return _Rows(len(index))
 
 
 class _StandInKV:
@@ -80,8 +87,6 @@ class StandInRunner:
     to show)."""
 
     def __init__(self, config, model):
-        import torch
-
         from rosefast.models import load_tokenizer
 
         self.config = config
