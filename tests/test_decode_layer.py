@@ -55,3 +55,17 @@ def test_only_block_kernel_layers_get_a_plan_and_bad_inputs_are_named(tiny_llama
     k, v = runner.kv.layers[0]
     with pytest.raises(ValueError, match=r"x must be \[B, "):
         plan(torch.zeros(1, layer.args.hidden_size + 1), None, None, k, v)
+
+
+@needs
+def test_a_layer_with_parts_the_plan_does_not_implement_is_refused_by_name(default_model):
+    """Qwen3's per-head q/k norms are not in the one-call plan: its layers are refused, naming those parts, and
+    decode runs per op (with the norms) on the same block kernels; never a plan that would skip them."""
+    qwen3 = tiny_random("qwen3")
+    runner = _engine(qwen3, "float32", kernels=TIERS[-1]).runner
+    layer = runner.model.layers[0]
+    assert decode_layer.impl.fits(layer)   # its linears alone would fit
+    assert runner.model.decode_plans is None
+    assert runner.model.plan_decode_layers() == "the one-call plan does not implement this layer's k_norm, q_norm"
+    assert decode_layer.unplanned(_engine(tiny_random("llama"), "float32", kernels=TIERS[-1]).runner.model.layers[0]) \
+        == []

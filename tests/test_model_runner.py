@@ -37,6 +37,7 @@ TINY_VARIANTS = {
     "llama": ("llama", {}),
     "gpt2": ("gpt2", {}),
     "qwen2-bias-untied": ("qwen2", {}),
+    "qwen3-qk-norm-head-dim": ("qwen3", {}),
     "llama-untied-linear-rope": ("llama", {"tie_word_embeddings": False,
                                            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "llama-mha-llama3-rope": ("llama", {"num_key_value_heads": 4, "rope_parameters": {

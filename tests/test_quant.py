@@ -18,6 +18,7 @@ from rosefast.models.args import load_model_args
 from rosefast.models.llama import llama_state_dict
 from rosefast.models.loader import read_hf_state_dict
 from rosefast.models import _quant_ops_py, quant_ops
+from rosefast.models.tiny import tiny_random
 from rosefast.models.gguf_blocks import (GROUP, dequantize_q4_1, dequantize_q8_0, gguf_blocks, unpack_q4_1,
                                          unpack_q8_0)
 from rosefast.models.quant import (Int4Linear, Int8Linear, block_kernels, check_mode, head_mode, quantize_int8,
@@ -284,11 +285,12 @@ def _write_gguf(path, model, kind=gguf.GGMLQuantizationType.Q8_0):
 
     args = load_model_args(model.path)
     hf = read_hf_state_dict(model.path)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), args.family)
+    permuted = args.family == "llama"   # llama.cpp's converter reorders Llama's q/k rows, not Qwen's
 
     def add(name, weight, heads=None, kind=kind):
         w = weight.float()
-        if heads:   # the file's order: ours is file[rows]
+        if heads and permuted:   # the file's order: ours is file[rows]
             file = torch.empty_like(w)
             file[_rope_rows(w.shape[0], heads)] = w
             w = file
@@ -311,12 +313,16 @@ def _write_gguf(path, model, kind=gguf.GGMLQuantizationType.Q8_0):
     return args, hf
 
 
-def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(tiny_llama, tmp_path):
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(family, default_model, tmp_path):
+    """The blocks come out in Hugging Face's row order for each family's file layout (Llama's q/k rows reordered
+    by llama.cpp's converter, the Qwen families' not)."""
     from rosefast.models.loader import load_model
     from rosefast.models.quant import quantize_linears
 
+    model = tiny_random(family)
     path = tmp_path / "q8_0.gguf"
-    args, hf = _write_gguf(path, tiny_llama)
+    args, hf = _write_gguf(path, model)
     blocks = gguf_blocks(path, args)
     assert blocks["linears"] == "q8_0" and "head" in blocks
     deq = {t.name: torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float()
@@ -326,7 +332,7 @@ def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(tiny_llama, tmp_p
         qkv = dequantize_q8_0(*blocks[i]["qkv"])   # back in Hugging Face's row order: near the model's weights
         want = torch.cat([hf[f"model.layers.{i}.self_attn.{n}_proj.weight"].float() for n in "qkv"])
         assert (qkv - want).abs().max() <= want.abs().max() / 127
-    model, _ = load_model(tiny_llama, torch.float32, "cpu")
+    model, _ = load_model(model, torch.float32, "cpu")
     count, source = quantize_linears(model, "auto", path, head="auto")   # auto: the file's own int8
     assert source == "the GGUF's Q8_0 blocks" and count == 4 * args.num_layers + 1
     layer = model.layers[1].gate_up

@@ -67,8 +67,10 @@ class ModelRunner:
             quantize_linears(self.model, config.quantization, source, head=config.quantize_lm_head,
                              cache_dir=resolved.path if source is not None else None, kernels=config.cpu_kernels)
             pack_linears(self.model, batch_hint=config.max_batch_size)
-            if hasattr(self.model, "plan_decode_layers") and self.model.plan_decode_layers():
-                log.info("decode steps: one call per layer (the linears on the block kernels)")
+            if hasattr(self.model, "plan_decode_layers"):
+                refused = self.model.plan_decode_layers()
+                log.info("decode steps: %s", "one call per layer (the linears on the block kernels)"
+                         if refused is None else f"per op ({refused})")
             size, count = weight_bytes(self.model)
             log.info("weights: %.1f MB, %.2f bytes per weight (%s, quantization %s)", size / 1e6, size / count,
                      self.dtype, config.quantization)

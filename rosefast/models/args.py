@@ -3,12 +3,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rosefast.models.families import FAMILIES
 from rosefast.models.sources import check_architecture
 
 
 @dataclass(frozen=True)
 class ModelArgs:
-    arch: str                    # "llama" (also qwen2) or "gpt2"
+    arch: str                    # our model code: "llama" (also qwen2, qwen3) or "gpt2" (families.Family.module)
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -22,9 +23,11 @@ class ModelArgs:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False        # a per-head RMSNorm of q and k before RoPE (Qwen3)
     rope_theta: float = 10000.0
     rope_scaling: tuple = ()     # sorted (key, value) pairs of the config's rope parameters
     eos_token_ids: tuple = ()
+    family: str = "llama"        # the Hugging Face model_type (a key of rosefast.models.families.FAMILIES)
 
     @property
     def q_size(self):
@@ -62,21 +65,23 @@ def model_args_from_config(config):
             num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
             intermediate_size=config.get("n_inner") or 4 * hidden, norm_eps=config.get("layer_norm_epsilon", 1e-5),
             max_position_embeddings=config["n_positions"], tie_word_embeddings=True,
-            qkv_bias=True, o_bias=True, mlp_bias=True, eos_token_ids=_eos(config),
+            qkv_bias=True, o_bias=True, mlp_bias=True, eos_token_ids=_eos(config), family="gpt2",
         )
+    family = FAMILIES[model_type]
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
     theta, scaling = _rope(config)
-    qkv_bias = bool(config.get("attention_bias", False)) or model_type == "qwen2"
+    attention_bias = bool(config.get("attention_bias", False))
     return ModelArgs(
-        arch="llama", vocab_size=config["vocab_size"], hidden_size=hidden, num_layers=config["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads,
+        arch=family.module, vocab_size=config["vocab_size"], hidden_size=hidden,
+        num_layers=config["num_hidden_layers"], num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or hidden // heads, intermediate_size=config["intermediate_size"],
         norm_eps=config.get("rms_norm_eps", 1e-6), max_position_embeddings=config.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
-        o_bias=bool(config.get("attention_bias", False)) and model_type != "qwen2",
-        mlp_bias=bool(config.get("mlp_bias", False)), rope_theta=theta, rope_scaling=scaling,
-        eos_token_ids=_eos(config),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=attention_bias if family.qkv_bias is None else family.qkv_bias,
+        o_bias=attention_bias if family.o_bias is None else family.o_bias,
+        mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=family.qk_norm, rope_theta=theta, rope_scaling=scaling,
+        eos_token_ids=_eos(config), family=model_type,
     )
 
 

@@ -9,3 +9,14 @@ layer's own forward).
 from rosefast._select import select
 
 impl = select("decode_layer", package="rosefast.models")
+
+# What the plan implements of a LlamaLayer: its two norms and its four linears (any flavour of them)
+PLANNED_PARAMETERS = {"input_norm", "post_norm"}
+PLANNED_MODULES = {"qkv", "o", "gate_up", "down"}
+
+
+def unplanned(layer):
+    """The names of the layer's parts the one-call plan does not implement (a family's own norms): such a
+    layer is refused by name, never run without them."""
+    return sorted({n for n, _ in layer.named_parameters(recurse=False)} - PLANNED_PARAMETERS
+                  | {n for n, _ in layer.named_children()} - PLANNED_MODULES)

@@ -17,12 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rosefast.models.families import FAMILIES
+
 log = logging.getLogger("rosefast.engine")
 
 GROUP = 32
 LINEARS = ("qkv", "o", "gate_up", "down")
 _Q4_0_BYTES, _Q4_1_BYTES, _Q8_0_BYTES = 18, 20, 34
-BLOCKS_FILE = "gguf_blocks.safetensors"
+BLOCKS_FILE = "gguf_blocks.v2.safetensors"   # v2: Qwen q/k rows no longer reordered as Llama's (v1 files are stale)
 _FORMAT = "3"    # 1: Q4_1 linears only, 2: no Q8_0 linears; a file of another format is rebuilt from the GGUF
 
 
@@ -72,7 +74,7 @@ def _rope_rows(n, heads):
 
 def gguf_blocks(path, args):
     """The blocks of a GGUF whose linear weights are all Q4_1, all Q4_0 (as Q4_1) or all Q8_0 (our fused q|k|v and gate|up rows;
-    q/k rows in Hugging Face's order), plus "head": (q, d) when its lm_head is Q8_0; or None when the linears
+    q/k rows in Hugging Face's order: llama.cpp's reordering undone where the family has it), plus "head": (q, d) when its lm_head is Q8_0; or None when the linears
     are neither."""
     import gguf
 
@@ -95,7 +97,7 @@ def gguf_blocks(path, args):
                 return None
             k, n = (int(x) for x in t.shape)    # GGUF lists the shape innermost first
             part = unpack(t.data, n, k)
-            if short in ("q", "k"):
+            if short in ("q", "k") and FAMILIES[args.family].gguf_qk_permuted:
                 rows = _rope_rows(n, args.num_heads if short == "q" else args.num_kv_heads)
                 part = tuple(x[rows] for x in part)
             parts[short] = part

@@ -1,4 +1,5 @@
-"""The Llama family (Llama, SmolLM2, TinyLlama, Qwen2-style bias) on the paged KV cache."""
+"""The Llama family on the paged KV cache: Llama, SmolLM2, TinyLlama, Qwen2 (q/k/v bias) and Qwen3 (per-head
+q/k RMSNorm before RoPE); what each family adds is a flag of its ModelArgs (rosefast.models.families)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,6 +19,9 @@ class LlamaLayer(nn.Module):
         self.gate_up = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)   # fused gate|up
         self.down = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.scale = args.head_dim ** -0.5
+        if args.qk_norm:   # Qwen3: RMSNorm over each head of q and of k, before RoPE
+            self.q_norm = nn.Parameter(torch.ones(args.head_dim))
+            self.k_norm = nn.Parameter(torch.ones(args.head_dim))
 
     def forward(self, x, residual, cos, sin, meta, k_cache, v_cache, ops):
         """x: the residual stream [T, hidden], updated in place; residual: the previous layer's MLP output
@@ -27,10 +31,22 @@ class LlamaLayer(nn.Module):
         # (nn.Linear, or a PackedLinear on CPU bf16)
         h = ops.rms_norm(x, self.input_norm, a.norm_eps, residual)
         qkv = self.qkv.forward(h)                                                      # [T, (H+2Hkv)*D]
+        if a.qk_norm:
+            _norm_heads(qkv, a.num_heads, a.num_kv_heads, self.q_norm, self.k_norm, a.norm_eps)
         ops.store_kv(qkv, a.num_heads, a.num_kv_heads, meta.slot_mapping, k_cache, v_cache, cos, sin)
         attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops)
         h = ops.rms_norm(x, self.post_norm, a.norm_eps, self.o.forward(attn))
         return x, self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
+
+
+def _norm_heads(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps):
+    """In place on qkv [T, (H+2Hkv)*D]: each q and k head RMS-normalized over D (in fp32, as Hugging Face's
+    Qwen3RMSNorm: the weight multiplies after the cast back)."""
+    heads = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, -1)                  # [T, H+2Hkv, D]
+    for part, weight in ((heads[:, :num_heads], q_weight), (heads[:, num_heads:num_heads + num_kv_heads], k_weight)):
+        x = part.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        part.copy_(weight * x.to(part.dtype))
 
 
 class LlamaModel(nn.Module):
@@ -50,11 +66,16 @@ class LlamaModel(nn.Module):
 
     def plan_decode_layers(self):
         """Decode steps as one call per layer (rosefast.models.decode_layer) when every layer fits there (its
-        linears on the block kernels, on the CPU). Returns whether they do."""
+        linears on the block kernels, on the CPU, and nothing the plan does not implement). Returns None when
+        they do, else why not (the plan refuses a layer part it does not know by its name, never skips it)."""
         impl = decode_layer.impl
+        unknown = decode_layer.unplanned(self.layers[0])
+        if unknown:
+            self.decode_plans = None
+            return f"the one-call plan does not implement this layer's {', '.join(unknown)}"
         fits = all(impl.fits(layer) for layer in self.layers)
         self.decode_plans = [impl.LayerPlan(layer) for layer in self.layers] if fits else None
-        return fits
+        return None if fits else "the linears are not on the compiled block kernels"
 
     def forward(self, input_ids, positions, meta, kv_caches):
         """input_ids, positions: [T] -> hidden states [T, hidden] (before the final norm)."""
@@ -81,7 +102,7 @@ class LlamaModel(nn.Module):
 
 
 def llama_state_dict(hf, args):
-    """Our parameter names from a Hugging Face Llama/Qwen2 state dict (q|k|v and gate|up fused)."""
+    """Our parameter names from a Hugging Face Llama/Qwen2/Qwen3 state dict (q|k|v and gate|up fused)."""
     out = {"embed.weight": hf["model.embed_tokens.weight"], "norm": hf["model.norm.weight"]}
     if not args.tie_word_embeddings:
         out["lm_head.weight"] = hf["lm_head.weight"]
@@ -96,6 +117,9 @@ def llama_state_dict(hf, args):
         out[o + "o.weight"] = hf[p + "self_attn.o_proj.weight"]
         if args.o_bias:
             out[o + "o.bias"] = hf[p + "self_attn.o_proj.bias"]
+        if args.qk_norm:
+            out[o + "q_norm"] = hf[p + "self_attn.q_norm.weight"]
+            out[o + "k_norm"] = hf[p + "self_attn.k_norm.weight"]
         out[o + "gate_up.weight"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
         out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
         if args.mlp_bias:

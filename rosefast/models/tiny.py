@@ -18,14 +18,23 @@ _BASE = {
         max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
         initializer_range=0.1,
     ),
+    "qwen3": dict(   # an explicit head_dim (32: q is 128 wide on a 64-wide model), q/k norms, tied embeddings
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=1024, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, initializer_range=0.1,
+    ),
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, initializer_range=0.1),
 }
+
+
+RANDOM_NORMS = {"qwen3"}   # families whose tiny models get random norm weights (the older ones keep their ones)
 
 
 def _config(arch, vocab_size, special, overrides):
     import transformers
 
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "gpt2": transformers.GPT2Config}[arch]
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+           "gpt2": transformers.GPT2Config}[arch]
     kwargs = dict(_BASE[arch], vocab_size=vocab_size, **special)
     kwargs.update(overrides)
     return cls(**kwargs)
@@ -58,6 +67,11 @@ def build_tiny(dest, arch, seed, overrides, tokenizer_dir):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if arch in RANDOM_NORMS:   # norms initialized to ones would hide a weight applied wrongly
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    if name.endswith("norm.weight"):
+                        p.uniform_(0.5, 1.5)
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
