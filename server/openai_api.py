@@ -15,7 +15,10 @@ IGNORED = {"user", "metadata", "store", "service_tier"}
 COMMON = {"model", "max_tokens", "stop", "stream", "stream_options", "ignore_eos", "n", "include_stop_str_in_output",
           "max_completion_tokens", "logprobs"} | SAMPLING | IGNORED
 COMPLETION = COMMON | STRUCTURED | {"prompt", "echo", "best_of", "suffix"}
-CHAT = COMMON | STRUCTURED | {"messages", "top_logprobs", "parallel_tool_calls", "tools", "tool_choice"}
+CHAT = COMMON | STRUCTURED | {"messages", "top_logprobs", "parallel_tool_calls", "tools", "tool_choice",
+                              "chat_template_kwargs"}
+RESERVED_TEMPLATE_ARGS = {"conversation", "messages", "tools", "documents", "add_generation_prompt", "tokenize",
+                          "continue_final_message", "return_dict", "chat_template", "tokenizer_kwargs"}
 MAX_N = 16
 MAX_PROMPTS = 64
 MAX_LOGPROBS = 20
@@ -254,3 +257,18 @@ def chat_messages(body):
             message["tool_calls"] = calls
         out.append(message)
     return out
+
+
+def chat_template_kwargs(body):
+    """The request's extra chat-template variables (vLLM's `chat_template_kwargs`, e.g. Qwen3's
+    `{"enable_thinking": false}`): an object of names the template reads; the ones the call itself sets are
+    refused."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+        raise bad_request("'chat_template_kwargs' must be an object of template variable names", "chat_template_kwargs")
+    taken = sorted(set(value) & RESERVED_TEMPLATE_ARGS)
+    if taken:
+        raise bad_request(f"'chat_template_kwargs' cannot set {', '.join(taken)}", "chat_template_kwargs")
+    return value

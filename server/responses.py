@@ -9,6 +9,7 @@ from server.errors import MANAGER_ERRORS, api_error, json_response
 from server.logprobs import chat_logprobs, completion_logprobs
 from server.metrics import count_request
 from server.shapes import openai_finish_reason, usage
+from server.reasoning import ReasoningSplit, split_reasoning
 from server.tools import CallWatch, parse_calls
 
 access = logging.getLogger("rosefast.access")
@@ -16,19 +17,22 @@ access = logging.getLogger("rosefast.access")
 
 class Choice:
     """What one choice has said so far."""
-    __slots__ = ("index", "started", "texts", "entries", "offset", "reason", "tokens", "watch")
+    __slots__ = ("index", "started", "texts", "entries", "offset", "reason", "tokens", "watch", "split")
 
     def __init__(self, index):
         self.index, self.started, self.texts, self.entries = index, False, [], []
         self.offset, self.reason, self.tokens = 0, None, 0
         self.watch = None   # with tools, streamed: a CallWatch
+        self.split = None   # a family with a reasoning block, streamed: a ReasoningSplit
 
 
 class Run:
     """`echoes`: per prompt, the text echoed before each of its choices (None without echo); `tools`: the
-    request's Tools when the output may hold tool calls (server.tools)."""
+    request's Tools when the output may hold tool calls (server.tools); `reasoning`: the (opening, closing) tags
+    of the reasoning block the model writes first, taken apart from the answer (server.reasoning)."""
 
-    def __init__(self, state, manager, rid, shapes, options, echoes, strings, t0, stop_watch, tools=None):
+    def __init__(self, state, manager, rid, shapes, options, echoes, strings, t0, stop_watch, tools=None,
+                 reasoning=()):
         self.state, self.manager, self.rid, self.shapes = state, manager, rid, shapes
         self.options, self.echoes, self.strings = options, echoes, strings
         self.chat = shapes.chat
@@ -40,6 +44,7 @@ class Run:
         self.t_first = self.t_last = None
         self.status = "200"
         self.tools = tools
+        self.reasoning = reasoning
 
     @property
     def completion_tokens(self):
@@ -102,16 +107,25 @@ class Run:
             for chunk in stream:
                 choice, text, entries, reason, first = self._take(chunk)
                 role = self.chat and first
+                thought = None
+                if self.reasoning:
+                    if choice.split is None:
+                        choice.split = ReasoningSplit(self.reasoning)
+                    thought, text = choice.split.feed(text)
+                    if reason is not None:
+                        more_thought, more_text = choice.split.flush()
+                        thought, text = thought + more_thought, text + more_text
                 if self.tools is not None:
                     text, calls, reason = self._watch(choice, text, reason)
                     if calls:
                         yield sse.event(shapes.chunk(choice.index, "", None, role, tool_calls=calls))
                         role = False
-                if text and not (reason or role or entries or opts.continuous_usage):
+                if text and not (reason or role or entries or thought or opts.continuous_usage):
                     yield shapes.text_event(choice.index, text)
-                elif text or reason or role or entries:
+                elif text or reason or role or entries or thought:
                     yield sse.event(shapes.chunk(choice.index, text, reason, role, self._logprobs(choice, entries),
-                                                 self._usage() if opts.continuous_usage else None))
+                                                 self._usage() if opts.continuous_usage else None,
+                                                 reasoning=thought))
             if opts.include_usage:
                 yield sse.event(shapes.usage_chunk(self._usage()))
         except MANAGER_ERRORS as e:   # after the 200: an error event, then [DONE]
@@ -153,11 +167,14 @@ class Run:
             self._finish()
         choices = []
         for c in sorted(self.choices.values(), key=lambda c: c.index):
-            text, calls = "".join(c.texts), None
+            text, calls, thought = "".join(c.texts), None, None
+            if self.reasoning:
+                thought, text = split_reasoning(text, self.reasoning)
             if self.tools is not None:
                 text, calls = parse_calls(text, self.tools.functions)
             choices.append((c.index, text, "tool_calls" if calls else c.reason,
-                            self._logprobs(c, c.entries) if self.options.logprobs is not None else None, calls))
+                            self._logprobs(c, c.entries) if self.options.logprobs is not None else None, calls,
+                            thought))
         return json_response(self.shapes.full(choices, self._usage()))
 
     def _failed(self, e):

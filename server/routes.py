@@ -9,6 +9,7 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from rosefast.errors import NotReadyError, ShutdownError
+from rosefast.models.families import FAMILIES
 from server import disconnect, openai_api, sse, structured, tools
 from server.auth import authorized
 from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request, json_response, parse_json
@@ -125,7 +126,7 @@ def _serve(chat):
     options = openai_api.request_options(body, chat)
     calls = tools.requested_tools(body) if chat else None
     if chat:   # (echo is a completions field: a chat request that sends it is refused by check_fields)
-        prompts = [_chat_prompt(manager, openai_api.chat_messages(body), calls)]
+        prompts = [_chat_prompt(manager, openai_api.chat_messages(body), calls, openai_api.chat_template_kwargs(body))]
     else:
         prompts = openai_api.completion_prompts(body)
     wanted = structured.requested_grammar(body)
@@ -152,7 +153,8 @@ def _serve(chat):
     shapes = Shapes(chat, state.model_name)
     stop_watch = disconnect.watch(request.environ, lambda: manager.abort(rid))
     run = Run(state, manager, rid, shapes, options, echoes, state.token_strings, t0, stop_watch,
-              calls if calls is not None and calls.active else None)
+              calls if calls is not None and calls.active else None,
+              FAMILIES[manager.model.model_type].reasoning if chat else ())
     if state.config.log_text:   # an operator's explicit choice; off by default
         access.info("%s prompt=%r", shapes.id, prompts)
     if options.stream:
@@ -167,12 +169,13 @@ def _check_model(state, body):
                             f"'{state.model_name}'", "not_found_error", "model", "model_not_found")
 
 
-def _chat_prompt(manager, messages, calls=None):
+def _chat_prompt(manager, messages, calls=None, template_kwargs=None):
     native = tools.template_takes_tools(manager.tokenizer)
     listed = [{"type": "function", "function": {"name": n, **f}} for n, f in calls.functions.items()] \
         if calls is not None and calls.active and native else None
     try:
         return manager.tokenizer.apply_chat_template(tools.render_messages(messages, calls, native), tools=listed,
-                                                     add_generation_prompt=True, tokenize=False)
+                                                     add_generation_prompt=True, tokenize=False,
+                                                     **(template_kwargs or {}))
     except Exception as e:  # noqa: BLE001 - a template that refuses these messages is the client's error
         raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None

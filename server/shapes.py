@@ -25,10 +25,14 @@ class Shapes:
     def _base(self, obj):
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def chunk(self, index, text, finish_reason, role=False, logprobs=None, usage=None, tool_calls=None):
-        """One streamed event of choice `index` (chat: the role goes with the choice's first delta)."""
+    def chunk(self, index, text, finish_reason, role=False, logprobs=None, usage=None, tool_calls=None,
+              reasoning=None):
+        """One streamed event of choice `index` (chat: the role goes with the choice's first delta; `reasoning`,
+        a reasoning block's text, goes as both names clients read)."""
         if self.chat:
             delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+            if reasoning:
+                delta["reasoning_content"] = delta["reasoning"] = reasoning
             if tool_calls:
                 delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(tool_calls)]
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -56,14 +60,16 @@ class Shapes:
                 "usage": usage}
 
     def full(self, choices, usage):
-        """choices: (index, text, finish_reason, logprobs, tool calls or None) in index order."""
+        """choices: (index, text, finish_reason, logprobs, tool calls or None, reasoning or None) in index order."""
         if self.chat:
-            out = [{"index": i, "message": {"role": "assistant", "content": text, **({"tool_calls": calls} if calls
-                                                                                     else {})},
-                    "logprobs": lp, "finish_reason": reason} for i, text, reason, lp, calls in choices]
+            out = [{"index": i, "message": {"role": "assistant", "content": text,
+                                            **({"tool_calls": calls} if calls else {}),
+                                            **({"reasoning_content": thought, "reasoning": thought}
+                                               if thought is not None else {})},
+                    "logprobs": lp, "finish_reason": reason} for i, text, reason, lp, calls, thought in choices]
             return {**self._base("chat.completion"), "choices": out, "usage": usage}
         out = [{"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
-               for i, text, reason, lp, _ in choices]
+               for i, text, reason, lp, *_ in choices]
         return {**self._base("text_completion"), "choices": out, "usage": usage}
 
 

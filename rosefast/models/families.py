@@ -17,6 +17,7 @@ class Family:
     qkv_bias: object = None  # True/False: fixed for the family; None: the config's attention_bias
     o_bias: bool = None      # None: the config's attention_bias
     qk_norm: bool = False    # a per-head RMSNorm of q and k (over head_dim) before RoPE
+    reasoning: tuple = ()    # (opening, closing) tag of the reasoning block its chat models write first
     gguf_qk_permuted: bool = False   # llama.cpp's converter reorders q/k rows for interleaved RoPE (Llama only;
                                      # the Qwen families keep Hugging Face's rotate-half order)
 
@@ -24,6 +25,7 @@ class Family:
 FAMILIES = {f.model_type: f for f in (
     Family("llama", "llama", "Llama (Llama 2/3.x, SmolLM2, TinyLlama)", gguf_qk_permuted=True),
     Family("qwen2", "llama", "Qwen2 / Qwen2.5", qkv_bias=True, o_bias=False),
-    Family("qwen3", "llama", "Qwen3 (dense)", qkv_bias=None, o_bias=None, qk_norm=True),
+    Family("qwen3", "llama", "Qwen3 (dense)", qkv_bias=None, o_bias=None, qk_norm=True,
+           reasoning=("<think>", "</think>")),
     Family("gpt2", "gpt2", "GPT-2"),
 )}

@@ -1,0 +1,65 @@
+"""A reasoning block (`<think>...</think>` for Qwen3) taken apart from the answer, for the families that write
+one (rosefast.models.families: Family.reasoning). The chat routes return it as the message's
+`reasoning_content` and `reasoning` (clients read either name); streamed, as deltas of those fields.
+
+    split = ReasoningSplit(("<think>", "</think>"))
+    reasoning, content = split.feed(text)     # what can go out now of each ("" when nothing)
+    reasoning, content = split.flush()        # at the end: what was held back
+
+A choice whose text does not begin (after white space) with the opening tag is all content. Text that could
+still be the start of a tag is held back until it is known.
+"""
+
+
+class ReasoningSplit:
+    __slots__ = ("_open", "_close", "_held", "_state")
+
+    def __init__(self, tags):
+        self._open, self._close = tags
+        self._held = ""
+        self._state = "start"   # start: before the opening tag could be known; reasoning; gap: after the block,
+                                # before the answer's first non-space character; content
+
+    def feed(self, text):
+        """(reasoning, content) that can go out now."""
+        if self._state == "content":
+            return "", text
+        if self._state == "gap":   # after the block: the answer starts at its first non-space character
+            text = text.lstrip()
+            if text:
+                self._state = "content"
+            return "", text
+        self._held += text
+        if self._state == "start":
+            lead = self._held.lstrip()
+            if lead.startswith(self._open):
+                self._state, self._held = "reasoning", lead[len(self._open):]
+            elif self._open.startswith(lead):   # still could be the tag (or only white space so far)
+                return "", ""
+            else:
+                self._state, out, self._held = "content", self._held, ""
+                return "", out
+        end = self._held.find(self._close)
+        if end >= 0:   # the block ends: what follows is the answer (its leading white space dropped)
+            reasoning, rest = self._held[:end], self._held[end + len(self._close):].lstrip()
+            self._state, self._held = "content" if rest else "gap", ""
+            return reasoning, rest
+        keep = next((j for j in range(min(len(self._close) - 1, len(self._held)), 0, -1)
+                     if self._held.endswith(self._close[:j])), 0)
+        out, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
+        return out, ""
+
+    def flush(self):
+        """At the end of the choice: what was held (an unfinished block stays reasoning; a lone start, content)."""
+        held, self._held = self._held, ""
+        return (held, "") if self._state == "reasoning" else ("", held)
+
+
+def split_reasoning(text, tags):
+    """(reasoning or None, content) of a whole text: None when it does not begin with the opening tag."""
+    if not text.lstrip().startswith(tags[0]):
+        return None, text
+    split = ReasoningSplit(tags)
+    reasoning, content = split.feed(text)
+    more_reasoning, more_content = split.flush()
+    return reasoning + more_reasoning, content + more_content
