@@ -38,6 +38,8 @@ TINY_VARIANTS = {
     "gpt2": ("gpt2", {}),
     "qwen2-bias-untied": ("qwen2", {}),
     "qwen3-qk-norm-head-dim": ("qwen3", {}),
+    "mistral-window-head-dim": ("mistral", {}),
+    "phi3-fused": ("phi3", {}),
     "llama-untied-linear-rope": ("llama", {"tie_word_embeddings": False,
                                            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "llama-mha-llama3-rope": ("llama", {"num_key_value_heads": 4, "rope_parameters": {

@@ -124,7 +124,7 @@ def test_file_that_is_not_a_model(tmp_path):
 def test_unsupported_architecture_lists_the_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ModelError, match=r"Unsupported architecture 'bert'.*supported: llama, qwen2, qwen3, gpt2"):
+    with pytest.raises(ModelError, match=r"Unsupported architecture 'bert'.*supported: llama, qwen2, qwen3, mistral, phi3, gpt2"):
         resolve_model(str(tmp_path))
     with pytest.raises(ModelError, match="Unsupported architecture 'mamba'"):
         tiny_random("mamba")
@@ -135,7 +135,7 @@ def test_hf_directory_resolves_to_itself(tiny_llama):
     assert r.path == tiny_llama.path and r.source == "directory" and not r.converted
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral", "phi3"])
 def test_tiny_random_uses_real_tokenizer_and_runs(arch, default_model):
     tiny = tiny_random(arch)
     assert tiny.model_type == arch
@@ -182,3 +182,30 @@ def test_a_qwen3_directory_is_served_over_http_as_hugging_face_generates(default
         s.stop()
     got = r.json()["choices"][0]
     assert got["text"] == tok.decode(want.tolist())
+
+
+def test_a_sliding_window_is_served_only_where_it_never_binds(default_model):
+    """Mistral's window (512 here) is shorter than its positions (1024): the engine serves at most 512 tokens,
+    where attention over the window is full attention; asking for more is refused by name."""
+    from rosefast.engine.llm_engine import LLMEngine
+
+    mistral = tiny_random("mistral")
+    assert LLMEngine(model=mistral, dtype="float32", kv_cache_tokens=2048).max_model_len == 512
+    assert LLMEngine(model=mistral, dtype="float32", kv_cache_tokens=2048, max_model_len=300).max_model_len == 300
+    with pytest.raises(ValueError, match=r"max_model_len 1000 is past this model's sliding window \(512 positions\)"):
+        LLMEngine(model=mistral, dtype="float32", kv_cache_tokens=2048, max_model_len=1000)
+
+
+@pytest.mark.parametrize("family, change, message", [
+    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}},
+     r"partial_rotary_factor 0.75 .* is not supported yet"),
+    ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
+                                  "long_factor": [2.0] * 8}}, r"Unsupported rope_type 'longrope'"),
+])
+def test_what_a_family_does_not_support_yet_is_refused_by_name(default_model, family, change, message):
+    from rosefast.models.args import model_args_from_config
+    from rosefast.models.layers import rope_inv_freq
+
+    config = {**json.loads((tiny_random(family).path / "config.json").read_text()), **change}
+    with pytest.raises(ModelError, match=message):
+        rope_inv_freq(model_args_from_config(config))

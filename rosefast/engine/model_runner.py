@@ -29,6 +29,20 @@ class SeqInput:
     block_table: list     # block ids holding positions [0, start + len(token_ids))
 
 
+def served_context(max_model_len, args):
+    """The context this engine serves: the setting (0: the model's), at most the model's, and at most its
+    sliding window — attention over the last W positions equals full attention while no sequence is longer,
+    so within it the paged kernels are exact; a longer setting is refused by name."""
+    limit = args.max_position_embeddings
+    if args.sliding_window and args.sliding_window < limit:
+        if max_model_len > args.sliding_window:
+            raise ValueError(f"max_model_len {max_model_len} is past this model's sliding window "
+                             f"({args.sliding_window} positions); attention over a window is not implemented: "
+                             f"serve at most {args.sliding_window}")
+        limit = args.sliding_window
+    return min(max_model_len or limit, limit)
+
+
 class ModelRunner:
     def __init__(self, config, model=None, *, loaded=None):
         """Load `model` (or config.model) on the config's device; `loaded`: a (module, ModelArgs, device) built
@@ -42,8 +56,7 @@ class ModelRunner:
         else:
             self.model, self.args, self.device = loaded
             self.dtype = self.model.embed.weight.dtype
-        self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
-                                 self.args.max_position_embeddings)
+        self.max_model_len = served_context(config.max_model_len, self.args)
         self.block_size = config.block_size
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata

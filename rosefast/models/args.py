@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rosefast.models.families import FAMILIES
-from rosefast.models.sources import check_architecture
+from rosefast.models.sources import ModelError, check_architecture
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class ModelArgs:
     rope_scaling: tuple = ()     # sorted (key, value) pairs of the config's rope parameters
     eos_token_ids: tuple = ()
     family: str = "llama"        # the Hugging Face model_type (a key of rosefast.models.families.FAMILIES)
+    sliding_window: int = 0      # attention sees the last W positions (0: all); served only where it never binds
 
     @property
     def q_size(self):
@@ -71,6 +72,10 @@ def model_args_from_config(config):
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
     theta, scaling = _rope(config)
+    partial = dict(scaling).get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ModelError(f"{family.label}: partial_rotary_factor {partial} (RoPE on part of each head, as in "
+                         "Phi-4-mini) is not supported yet; this family is served with RoPE on whole heads only")
     attention_bias = bool(config.get("attention_bias", False))
     return ModelArgs(
         arch=family.module, vocab_size=config["vocab_size"], hidden_size=hidden,
@@ -81,7 +86,8 @@ def model_args_from_config(config):
         qkv_bias=attention_bias if family.qkv_bias is None else family.qkv_bias,
         o_bias=attention_bias if family.o_bias is None else family.o_bias,
         mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=family.qk_norm, rope_theta=theta, rope_scaling=scaling,
-        eos_token_ids=_eos(config), family=model_type,
+        eos_token_ids=_eos(config), family=model_type, sliding_window=int(config.get("sliding_window") or 0)
+        if config.get("use_sliding_window", True) else 0,
     )
 
 

@@ -18,6 +18,7 @@ class Family:
     o_bias: bool = None      # None: the config's attention_bias
     qk_norm: bool = False    # a per-head RMSNorm of q and k (over head_dim) before RoPE
     reasoning: tuple = ()    # (opening, closing) tag of the reasoning block its chat models write first
+    fused_weights: bool = False   # its checkpoints store q|k|v and gate|up fused (qkv_proj, gate_up_proj)
     gguf_qk_permuted: bool = False   # llama.cpp's converter reorders q/k rows for interleaved RoPE (Llama only;
                                      # the Qwen families keep Hugging Face's rotate-half order)
 
@@ -27,5 +28,9 @@ FAMILIES = {f.model_type: f for f in (
     Family("qwen2", "llama", "Qwen2 / Qwen2.5", qkv_bias=True, o_bias=False),
     Family("qwen3", "llama", "Qwen3 (dense)", qkv_bias=None, o_bias=None, qk_norm=True,
            reasoning=("<think>", "</think>")),
+    Family("mistral", "llama", "Mistral (7B v0.2+, Nemo, Small: a sliding window only up to the served context)",
+           gguf_qk_permuted=True),
+    Family("phi3", "llama", "Phi-3 (full rotary, no long-RoPE: Phi-3-mini-4k, Phi-3-medium-4k)",
+           fused_weights=True),
     Family("gpt2", "gpt2", "GPT-2"),
 )}

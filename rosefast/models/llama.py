@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rosefast.models import decode_layer, kernels
+from rosefast.models.families import FAMILIES
 from rosefast.models.layers import attention, rope_cache
 
 
@@ -111,7 +112,9 @@ def llama_state_dict(hf, args):
         o = f"layers.{i}."
         out[o + "input_norm"] = hf[p + "input_layernorm.weight"]
         out[o + "post_norm"] = hf[p + "post_attention_layernorm.weight"]
-        out[o + "qkv.weight"] = torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        fused = FAMILIES[args.family].fused_weights   # Phi-3 stores q|k|v and gate|up fused, in our order
+        out[o + "qkv.weight"] = hf[p + "self_attn.qkv_proj.weight"] if fused else \
+            torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
         if args.qkv_bias:
             out[o + "qkv.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
         out[o + "o.weight"] = hf[p + "self_attn.o_proj.weight"]
@@ -120,7 +123,8 @@ def llama_state_dict(hf, args):
         if args.qk_norm:
             out[o + "q_norm"] = hf[p + "self_attn.q_norm.weight"]
             out[o + "k_norm"] = hf[p + "self_attn.k_norm.weight"]
-        out[o + "gate_up.weight"] = torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+        out[o + "gate_up.weight"] = hf[p + "mlp.gate_up_proj.weight"] if fused else \
+            torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
         out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
         if args.mlp_bias:
             out[o + "gate_up.bias"] = torch.cat([hf[p + "mlp.gate_proj.bias"], hf[p + "mlp.up_proj.bias"]])

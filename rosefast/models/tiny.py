@@ -23,18 +23,28 @@ _BASE = {
         head_dim=32, max_position_embeddings=1024, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, initializer_range=0.1,
     ),
+    "mistral": dict(   # a sliding window shorter than the positions: served within it
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, max_position_embeddings=1024, sliding_window=512, rope_theta=1000000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, initializer_range=0.1,
+    ),
+    "phi3": dict(   # q|k|v and gate|up stored fused
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=1024, original_max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, initializer_range=0.1,
+    ),
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, initializer_range=0.1),
 }
 
 
-RANDOM_NORMS = {"qwen3"}   # families whose tiny models get random norm weights (the older ones keep their ones)
+RANDOM_NORMS = {"qwen3", "mistral", "phi3"}   # families whose tiny models get random norm weights (the older ones keep their ones)
 
 
 def _config(arch, vocab_size, special, overrides):
     import transformers
 
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "gpt2": transformers.GPT2Config}[arch]
+           "mistral": transformers.MistralConfig, "phi3": transformers.Phi3Config, "gpt2": transformers.GPT2Config}[arch]
     kwargs = dict(_BASE[arch], vocab_size=vocab_size, **special)
     kwargs.update(overrides)
     return cls(**kwargs)
