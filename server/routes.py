@@ -1,6 +1,7 @@
 """The routes: POST /v1/completions and /v1/chat/completions (validate, admit with a 429 at once, stream or
 collect), and GET /health, /v1/models and /metrics."""
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -173,9 +174,20 @@ def _chat_prompt(manager, messages, calls=None, template_kwargs=None):
     native = tools.template_takes_tools(manager.tokenizer)
     listed = [{"type": "function", "function": {"name": n, **f}} for n, f in calls.functions.items()] \
         if calls is not None and calls.active and native else None
+    tok = manager.tokenizer
     try:
-        return manager.tokenizer.apply_chat_template(tools.render_messages(messages, calls, native), tools=listed,
-                                                     add_generation_prompt=True, tokenize=False,
-                                                     **(template_kwargs or {}))
+        text = tok.apply_chat_template(tools.render_messages(messages, calls, native), tools=listed,
+                                       add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
     except Exception as e:  # noqa: BLE001 - a template that refuses these messages is the client's error
         raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None
+    # the prompt is encoded with the tokenizer's special tokens (as a completion's is): where it adds a BOS
+    # itself (Llama 3, Gemma), the template's own BOS text goes, or the model would see two
+    if tok.bos_token and text.startswith(tok.bos_token) and _adds_bos(tok):
+        text = text[len(tok.bos_token):]
+    return text
+
+
+@functools.lru_cache(maxsize=8)
+def _adds_bos(tokenizer):
+    """Whether encoding with special tokens puts the BOS token first."""
+    return tokenizer.bos_token_id is not None and tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]
