@@ -40,6 +40,7 @@ TINY_VARIANTS = {
     "qwen3-qk-norm-head-dim": ("qwen3", {}),
     "mistral-window-head-dim": ("mistral", {}),
     "phi3-fused": ("phi3", {}),
+    "gemma3-local-global": ("gemma3_text", {}),
     "llama-untied-linear-rope": ("llama", {"tie_word_embeddings": False,
                                            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "llama-mha-llama3-rope": ("llama", {"num_key_value_heads": 4, "rope_parameters": {

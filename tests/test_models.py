@@ -124,7 +124,7 @@ def test_file_that_is_not_a_model(tmp_path):
 def test_unsupported_architecture_lists_the_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ModelError, match=r"Unsupported architecture 'bert'.*supported: llama, qwen2, qwen3, mistral, phi3, gpt2"):
+    with pytest.raises(ModelError, match=r"Unsupported architecture 'bert'.*supported: llama, qwen2, qwen3, mistral, phi3, gemma3_text, gpt2"):
         resolve_model(str(tmp_path))
     with pytest.raises(ModelError, match="Unsupported architecture 'mamba'"):
         tiny_random("mamba")
@@ -135,7 +135,7 @@ def test_hf_directory_resolves_to_itself(tiny_llama):
     assert r.path == tiny_llama.path and r.source == "directory" and not r.converted
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text"])
 def test_tiny_random_uses_real_tokenizer_and_runs(arch, default_model):
     tiny = tiny_random(arch)
     assert tiny.model_type == arch
@@ -160,20 +160,21 @@ def test_tiny_random_is_deterministic_by_seed(tmp_path, default_model):
     assert not torch.equal(a["model.layers.0.mlp.up_proj.weight"], c["model.layers.0.mlp.up_proj.weight"])
 
 
-def test_a_qwen3_directory_is_served_over_http_as_hugging_face_generates(default_model):
-    """A Qwen3 model directory through a real gunicorn: its greedy completion is Hugging Face's own greedy
-    generation, token for token (the per-head q/k norms, the explicit head_dim, NEOX RoPE at theta 1e6)."""
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "phi3", "gemma3_text"])
+def test_a_family_directory_is_served_over_http_as_hugging_face_generates(default_model, family):
+    """A model directory of each newer family through a real gunicorn: its greedy completion is Hugging Face's
+    own greedy generation, token for token."""
     import requests
 
     from tests.serving import Server, tiny_env
 
-    qwen3 = tiny_random("qwen3")
-    tok = load_tokenizer(qwen3)
+    model = tiny_random(family)
+    tok = load_tokenizer(model)
     prompt = tok("The tiny model says").input_ids
     with torch.inference_mode():
-        want = load_hf_model(qwen3).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+        want = load_hf_model(model).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                              pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(prompt):]
-    s = Server(tiny_env(qwen3))
+    s = Server(tiny_env(model))
     try:
         r = requests.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 12, "temperature": 0,
                                                            "ignore_eos": True, "logprobs": 0}, timeout=60)

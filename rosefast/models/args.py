@@ -29,6 +29,10 @@ class ModelArgs:
     eos_token_ids: tuple = ()
     family: str = "llama"        # the Hugging Face model_type (a key of rosefast.models.families.FAMILIES)
     sliding_window: int = 0      # attention sees the last W positions (0: all); served only where it never binds
+    gemma: bool = False          # Gemma's layer and embedding (families.Family.gemma)
+    attention_scale: float = 0.0 # 0: head_dim ** -0.5
+    local_layers: tuple = ()     # Gemma: the layers on the sliding window, with their own RoPE (local_rope)
+    local_rope: tuple = ()       # (theta, scaling) of the local layers' RoPE
 
     @property
     def q_size(self):
@@ -54,6 +58,26 @@ def _rope(config):
     return float(theta), tuple(sorted(params.items()))
 
 
+def _gemma(config):
+    """Gemma 3's extra ModelArgs: its layer types (local ones on the window) and each type's RoPE."""
+    n = config["num_hidden_layers"]
+    types = config.get("layer_types") or [
+        "full_attention" if (i + 1) % config.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
+        for i in range(n)]
+    params = config.get("rope_parameters") or {}
+    if "full_attention" in params:   # one set of RoPE parameters per layer type
+        full, local = (_rope({"rope_parameters": params.get(t)}) for t in ("full_attention", "sliding_attention"))
+    else:                            # the older layout: rope_theta / rope_scaling, rope_local_base_freq
+        full = _rope(config)
+        local = (float(config.get("rope_local_base_freq", 10000.0)), (("rope_type", "default"),))
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if config.get(name):
+            raise ModelError(f"Gemma: {name} {config[name]} is not supported (Gemma 2's; Gemma 3 has none)")
+    return {"gemma": True, "rope": full, "local_rope": local,
+            "local_layers": tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
+            "attention_scale": float(config.get("query_pre_attn_scalar") or config["head_dim"]) ** -0.5}
+
+
 def model_args_from_config(config):
     """ModelArgs from a config dict (config.json)."""
     model_type = config.get("model_type")
@@ -71,7 +95,8 @@ def model_args_from_config(config):
     family = FAMILIES[model_type]
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
-    theta, scaling = _rope(config)
+    gemma = _gemma(config) if family.gemma else {}
+    theta, scaling = gemma.pop("rope") if family.gemma else _rope(config)
     partial = dict(scaling).get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
         raise ModelError(f"{family.label}: partial_rotary_factor {partial} (RoPE on part of each head, as in "
@@ -87,7 +112,7 @@ def model_args_from_config(config):
         o_bias=attention_bias if family.o_bias is None else family.o_bias,
         mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=family.qk_norm, rope_theta=theta, rope_scaling=scaling,
         eos_token_ids=_eos(config), family=model_type, sliding_window=int(config.get("sliding_window") or 0)
-        if config.get("use_sliding_window", True) else 0,
+        if config.get("use_sliding_window", True) else 0, **gemma,
     )
 
 

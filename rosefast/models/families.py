@@ -19,6 +19,9 @@ class Family:
     qk_norm: bool = False    # a per-head RMSNorm of q and k (over head_dim) before RoPE
     reasoning: tuple = ()    # (opening, closing) tag of the reasoning block its chat models write first
     fused_weights: bool = False   # its checkpoints store q|k|v and gate|up fused (qkv_proj, gate_up_proj)
+    gemma: bool = False      # Gemma's layer: RMSNorm as x * (1 + w), four norms a layer (around attention and
+                             # the MLP), embeddings x sqrt(hidden), tanh-GELU, attention scale from
+                             # query_pre_attn_scalar, local (sliding) layers with their own RoPE base
     gguf_qk_permuted: bool = False   # llama.cpp's converter reorders q/k rows for interleaved RoPE (Llama only;
                                      # the Qwen families keep Hugging Face's rotate-half order)
 
@@ -32,5 +35,7 @@ FAMILIES = {f.model_type: f for f in (
            gguf_qk_permuted=True),
     Family("phi3", "llama", "Phi-3 (full rotary, no long-RoPE: Phi-3-mini-4k, Phi-3-medium-4k)",
            fused_weights=True),
+    Family("gemma3_text", "llama", "Gemma 3 (text: 270M, 1B; local layers' window served only up to where it "
+           "never binds)", qk_norm=True, gemma=True),
     Family("gpt2", "gpt2", "GPT-2"),
 )}

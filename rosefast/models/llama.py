@@ -1,5 +1,7 @@
 """The Llama family on the paged KV cache: Llama, SmolLM2, TinyLlama, Qwen2 (q/k/v bias) and Qwen3 (per-head
 q/k RMSNorm before RoPE); what each family adds is a flag of its ModelArgs (rosefast.models.families)."""
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,10 +21,13 @@ class LlamaLayer(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(args.hidden_size))
         self.gate_up = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)   # fused gate|up
         self.down = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
-        self.scale = args.head_dim ** -0.5
-        if args.qk_norm:   # Qwen3: RMSNorm over each head of q and of k, before RoPE
+        self.scale = args.attention_scale or args.head_dim ** -0.5
+        if args.qk_norm:   # Qwen3, Gemma 3: RMSNorm over each head of q and k, before RoPE
             self.q_norm = nn.Parameter(torch.ones(args.head_dim))
             self.k_norm = nn.Parameter(torch.ones(args.head_dim))
+        if args.gemma:     # Gemma: the attention's and the MLP's outputs normed too, before the residual add
+            self.post_attn_norm = nn.Parameter(torch.ones(args.hidden_size))
+            self.post_mlp_norm = nn.Parameter(torch.ones(args.hidden_size))
 
     def forward(self, x, residual, cos, sin, meta, k_cache, v_cache, ops):
         """x: the residual stream [T, hidden], updated in place; residual: the previous layer's MLP output
@@ -36,6 +41,12 @@ class LlamaLayer(nn.Module):
             _norm_heads(qkv, a.num_heads, a.num_kv_heads, self.q_norm, self.k_norm, a.norm_eps)
         ops.store_kv(qkv, a.num_heads, a.num_kv_heads, meta.slot_mapping, k_cache, v_cache, cos, sin)
         attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops)
+        if a.gemma:   # post_norm is Gemma's pre-feedforward norm; the MLP is tanh-GELU gated
+            attn = ops.rms_norm(self.o.forward(attn), self.post_attn_norm, a.norm_eps)
+            h = ops.rms_norm(x, self.post_norm, a.norm_eps, attn)
+            gate, up = self.gate_up.forward(h).chunk(2, dim=-1)
+            mlp = self.down.forward(F.gelu(gate, approximate="tanh") * up)
+            return x, ops.rms_norm(mlp, self.post_mlp_norm, a.norm_eps)
         h = ops.rms_norm(x, self.post_norm, a.norm_eps, self.o.forward(attn))
         return x, self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
 
@@ -63,6 +74,11 @@ class LlamaModel(nn.Module):
         cos, sin = rope_cache(args, args.max_position_embeddings)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        if args.local_layers:   # Gemma: the local layers' own RoPE base
+            theta, scaling = args.local_rope
+            cos, sin = rope_cache(replace(args, rope_theta=theta, rope_scaling=scaling), args.max_position_embeddings)
+            self.register_buffer("local_cos", cos, persistent=False)
+            self.register_buffer("local_sin", sin, persistent=False)
         self.decode_plans = None   # one call per layer for decode steps (plan_decode_layers)
 
     def plan_decode_layers(self):
@@ -81,15 +97,23 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, meta, kv_caches):
         """input_ids, positions: [T] -> hidden states [T, hidden] (before the final norm)."""
         x = self.embed(input_ids)
+        if self.args.gemma:   # x sqrt(hidden), rounded to the weights' dtype first (as Gemma's own)
+            x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
         ops = kernels.for_tensor(x)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]     # [T, D] each
+        if self.args.local_layers:
+            local = set(self.args.local_layers)
+            ropes = [(self.local_cos[positions], self.local_sin[positions]) if i in local else (cos, sin)
+                     for i in range(len(self.layers))]
         residual = None
         if self.decode_plans is not None and not meta.is_prefill:
             step = decode_layer.impl.StepInputs(cos, sin, meta)
             for plan, (k_cache, v_cache) in zip(self.decode_plans, kv_caches):
                 x, residual = plan(x, residual, step, k_cache, v_cache)
             return x.add_(residual)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if self.args.local_layers:
+                cos, sin = ropes[i]
             x, residual = layer.forward(x, residual, cos, sin, meta, k_cache, v_cache, ops)
         return x.add_(residual)
 
@@ -104,14 +128,20 @@ class LlamaModel(nn.Module):
 
 def llama_state_dict(hf, args):
     """Our parameter names from a Hugging Face Llama/Qwen2/Qwen3 state dict (q|k|v and gate|up fused)."""
-    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm": hf["model.norm.weight"]}
+    norm = (lambda w: w + 1) if args.gemma else (lambda w: w)   # Gemma's x * (1 + w), as a plain RMSNorm weight
+    out = {"embed.weight": hf["model.embed_tokens.weight"], "norm": norm(hf["model.norm.weight"])}
     if not args.tie_word_embeddings:
         out["lm_head.weight"] = hf["lm_head.weight"]
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
         o = f"layers.{i}."
-        out[o + "input_norm"] = hf[p + "input_layernorm.weight"]
-        out[o + "post_norm"] = hf[p + "post_attention_layernorm.weight"]
+        out[o + "input_norm"] = norm(hf[p + "input_layernorm.weight"])
+        if args.gemma:   # four norms: around the attention and around the MLP
+            out[o + "post_attn_norm"] = norm(hf[p + "post_attention_layernorm.weight"])
+            out[o + "post_norm"] = norm(hf[p + "pre_feedforward_layernorm.weight"])
+            out[o + "post_mlp_norm"] = norm(hf[p + "post_feedforward_layernorm.weight"])
+        else:
+            out[o + "post_norm"] = hf[p + "post_attention_layernorm.weight"]
         fused = FAMILIES[args.family].fused_weights   # Phi-3 stores q|k|v and gate|up fused, in our order
         out[o + "qkv.weight"] = hf[p + "self_attn.qkv_proj.weight"] if fused else \
             torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
@@ -121,8 +151,8 @@ def llama_state_dict(hf, args):
         if args.o_bias:
             out[o + "o.bias"] = hf[p + "self_attn.o_proj.bias"]
         if args.qk_norm:
-            out[o + "q_norm"] = hf[p + "self_attn.q_norm.weight"]
-            out[o + "k_norm"] = hf[p + "self_attn.k_norm.weight"]
+            out[o + "q_norm"] = norm(hf[p + "self_attn.q_norm.weight"])
+            out[o + "k_norm"] = norm(hf[p + "self_attn.k_norm.weight"])
         out[o + "gate_up.weight"] = hf[p + "mlp.gate_up_proj.weight"] if fused else \
             torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
         out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]

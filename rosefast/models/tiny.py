@@ -33,18 +33,27 @@ _BASE = {
         max_position_embeddings=1024, original_max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=False, initializer_range=0.1,
     ),
+    "gemma3_text": dict(   # a local layer and a global one, each with its RoPE; attention scale from its own scalar
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, layer_types=["sliding_attention", "full_attention"], sliding_window=512,
+        max_position_embeddings=1024, query_pre_attn_scalar=24, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+        initializer_range=0.1,
+    ),
     "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, initializer_range=0.1),
 }
 
 
-RANDOM_NORMS = {"qwen3", "mistral", "phi3"}   # families whose tiny models get random norm weights (the older ones keep their ones)
+RANDOM_NORMS = {"qwen3", "mistral", "phi3", "gemma3_text"}   # families whose tiny models get random norm weights (the older ones keep their ones)
 
 
 def _config(arch, vocab_size, special, overrides):
     import transformers
 
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
-           "mistral": transformers.MistralConfig, "phi3": transformers.Phi3Config, "gpt2": transformers.GPT2Config}[arch]
+           "mistral": transformers.MistralConfig, "phi3": transformers.Phi3Config,
+           "gemma3_text": transformers.Gemma3TextConfig, "gpt2": transformers.GPT2Config}[arch]
     kwargs = dict(_BASE[arch], vocab_size=vocab_size, **special)
     kwargs.update(overrides)
     return cls(**kwargs)
