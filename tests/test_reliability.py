@@ -357,7 +357,10 @@ SOAK_SECONDS = float(os.environ.get("ROSEFAST_SOAK_SECONDS", "15"))
 
 
 @pytest.mark.slow
-def test_overload_soak_ends_every_request_as_a_stream_or_a_fast_429(tiny_llama):
+def test_overload_soak_ends_every_request_as_a_whole_stream_or_a_429(tiny_llama):
+    """Open-loop arrivals at 3x the sustained rate: every request ends as a whole stream or a 429, nothing else,
+    nothing held afterwards, the worker's memory flat. (How fast the 429s come is printed, not asserted: a
+    speed is a benchmark's to report.)"""
     import asyncio
 
     import httpx

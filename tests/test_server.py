@@ -127,10 +127,10 @@ BAD = [
 BAD_SAMPLING = [("top_p", 1.5), ("min_p", 2), ("presence_penalty", 3), ("frequency_penalty", -2.5),
                 ("repetition_penalty", 0), ("logit_bias", {"5": 500}), ("logit_bias", {"999999": 1}),
                 ("logit_bias", {"x": 1}), ("logit_bias", [1]), ("min_tokens", 99), ("stop_token_ids", [10**7]),
-                ("stop_token_ids", "7"), ("temperature", -1)]
+                ("stop_token_ids", "7"), ("temperature", -1), ("logit_bias", {str(t): 1 for t in range(1025)})]
 
 
-@pytest.mark.parametrize("field, value", BAD_SAMPLING, ids=[f"{f}={v}" for f, v in BAD_SAMPLING])
+@pytest.mark.parametrize("field, value", BAD_SAMPLING, ids=[f"{f}={str(v)[:20]}" for f, v in BAD_SAMPLING])
 def test_bad_sampling_fields_are_a_400_naming_the_field(server, field, value):
     for path, body in (("/v1/completions", {"prompt": "x"}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})):
