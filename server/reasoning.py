@@ -9,14 +9,16 @@ one (rosefast.models.families: Family.reasoning). The chat routes return it as t
 A choice whose text does not begin (after white space) with the opening tag is all content. Text that could
 still be the start of a tag is held back until it is known.
 """
+from rosefast.stops import stop_automaton
 
 
 class ReasoningSplit:
-    __slots__ = ("_open", "_close", "_held", "_state")
+    __slots__ = ("_open", "_close", "_held", "_state", "_at")
 
     def __init__(self, tags):
-        self._open, self._close = tags
+        self._open, self._close = tags[0], stop_automaton((tags[1],))   # the closing tag: matched as a stop string
         self._held = ""
+        self._at = 0            # the closing tag's automaton state over the reasoning so far
         self._state = "start"   # start: before the opening tag could be known; reasoning; gap: after the block,
                                 # before the answer's first non-space character; content
 
@@ -29,25 +31,26 @@ class ReasoningSplit:
             if text:
                 self._state = "content"
             return "", text
-        self._held += text
         if self._state == "start":
+            self._held += text
             lead = self._held.lstrip()
             if lead.startswith(self._open):
-                self._state, self._held = "reasoning", lead[len(self._open):]
+                self._state, text, self._held = "reasoning", lead[len(self._open):], ""
             elif self._open.startswith(lead):   # still could be the tag (or only white space so far)
                 return "", ""
             else:
                 self._state, out, self._held = "content", self._held, ""
                 return "", out
-        end = self._held.find(self._close)
+        state, end, length = self._close.feed(self._at, text)
+        buf = self._held + text
         if end >= 0:   # the block ends: what follows is the answer (its leading white space dropped)
-            reasoning, rest = self._held[:end], self._held[end + len(self._close):].lstrip()
+            end += len(buf) - len(text) + 1
+            reasoning, rest = buf[:end - length], buf[end:].lstrip()
             self._state, self._held = "content" if rest else "gap", ""
             return reasoning, rest
-        keep = next((j for j in range(min(len(self._close) - 1, len(self._held)), 0, -1)
-                     if self._held.endswith(self._close[:j])), 0)
-        out, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
-        return out, ""
+        self._at, keep = state, self._close.depth[state]   # what could still begin the closing tag is held
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep], ""
 
     def flush(self):
         """At the end of the choice: what was held (an unfinished block stays reasoning; a lone start, content)."""

@@ -101,10 +101,9 @@ class LlamaModel(nn.Module):
             x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
         ops = kernels.for_tensor(x)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]     # [T, D] each
-        if self.args.local_layers:
-            local = set(self.args.local_layers)
-            ropes = [(self.local_cos[positions], self.local_sin[positions]) if i in local else (cos, sin)
-                     for i in range(len(self.layers))]
+        if self.args.local_layers:   # (local_layers: a tuple of a few layer numbers)
+            local = (self.local_cos[positions], self.local_sin[positions])
+            ropes = [local if i in self.args.local_layers else (cos, sin) for i in range(len(self.layers))]
         residual = None
         if self.decode_plans is not None and not meta.is_prefill:
             step = decode_layer.impl.StepInputs(cos, sin, meta)
