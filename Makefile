@@ -47,7 +47,8 @@ FORCE:
 test: build cross-tools
 	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest tests benches --benchmark-disable
 	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/test_request.py tests/test_manager.py \
-		tests/test_server.py tests/test_openai_surface.py tests/test_reliability.py tests/test_security.py \
+		tests/test_server.py tests/test_openai_surface.py tests/test_agent_apis.py tests/test_reliability.py \
+		tests/test_security.py \
 		-k "not make_serve and not real_model and not generation_defaults and not sigterm and not engine_that_dies \
 		and not cannot_load and not processes_start and not slower_than and not needs_the_key and not logs \
 		and not logged and not bad_config and not model_field"

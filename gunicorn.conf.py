@@ -53,7 +53,7 @@ def post_worker_init(worker):
 
 def post_request(worker, req, environ, resp):
     """The answer is out: the connection waits for its next request under gunicorn's keep-alive timeout again,
-    not under the send timeout rosefast gave the socket for its writes (server.routes._body)."""
+    not under the send timeout rosefast gave the socket for its writes (server.body.read_json_body)."""
     sock = environ.get("gunicorn.socket")
     if sock is not None:
         try:

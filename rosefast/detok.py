@@ -13,7 +13,7 @@ PROMPT_CONTEXT = 4   # prompt tokens given to the stream so the first output tok
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("_tokenizer", "_stream", "_stop", "_state", "_include_stop", "_held", "_echo", "stopped")
+    __slots__ = ("_tokenizer", "_stream", "_stop", "_state", "_include_stop", "_held", "_echo", "stopped", "stop_string")
 
     def __init__(self, tokenizer, prompt_ids=(), stop=(), include_stop=False, skip_special_tokens=True):
         """tokenizer: a `tokenizers.Tokenizer` (a transformers fast tokenizer's `backend_tokenizer`)."""
@@ -33,6 +33,7 @@ class IncrementalDetokenizer:
         self._include_stop = include_stop
         self._held = ""
         self.stopped = False
+        self.stop_string = None   # the stop string that ended the text
 
     def step(self, token_ids):
         """The text these new tokens add (possibly ""), with stop strings applied; sets `stopped`."""
@@ -55,6 +56,7 @@ class IncrementalDetokenizer:
             self.stopped = True
             self._held = ""
             end += len(buf) - len(text) + 1          # the match ends here in buf
+            self.stop_string = buf[end - length:end]
             return buf[:end - length] + (buf[end - length:end] if self._include_stop else "")
         self._state = state
         keep = self._stop.depth[state]

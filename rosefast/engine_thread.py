@@ -218,6 +218,8 @@ class EngineThread:
                 if detok.stopped and not done:
                     engine.abort(record.id)
                     done, reason = True, "stop"
+                if done and detok.stopped:
+                    record.stop_string = detok.stop_string
                 if done and not detok.stopped:
                     text += detok.flush()
             except Exception as e:  # noqa: BLE001 - this request's text fails this request alone
@@ -230,6 +232,8 @@ class EngineThread:
             if out.prompt_logprobs is not None:           # takes one entry per token it gets
                 for choice in (record, *record.forks):
                     choice.prompt_logprobs = out.prompt_logprobs
+            if out.cached_tokens is not None:
+                record.cached_tokens = out.cached_tokens
             t = record.timing
             if t is not None:
                 if out.scheduled_at is not None:

@@ -226,8 +226,9 @@ class SchedulerManager:
     # -- consume -------------------------------------------------------------------------------------
 
     def stream(self, request_id):
-        """Yield the request's chunks (token_ids, text, finished, finish_reason; a choice's final chunk also
-        carries prompt_tokens) until it finishes; an engine failure is raised here. Closing the generator
+        """Yield the request's chunks (token_ids, text, finished, finish_reason; prompt_tokens and
+        cached_tokens: its prompt's length and the part the prefix cache served; on a choice's final chunk,
+        stop_string: the stop string that ended it, or None) until it finishes; an engine failure is raised here. Closing the generator
         early aborts the request. A request has one stream: its records are forgotten when it ends.
         With several choices (n > 1, or several prompts) or logprobs, each chunk also has its choice's
         `index`, its tokens' `logprobs` entries (when asked: (logprob, [(token, logprob)] top k) each) and,
@@ -251,9 +252,10 @@ class SchedulerManager:
                         raise ShutdownError("the manager closed before the request finished")
                     continue
                 depth(chunk.merged + 1)
+                chunk.prompt_tokens, chunk.cached_tokens = record.prompt_tokens, record.cached_tokens
                 if chunk.finished:
                     finished = True
-                    chunk.prompt_tokens = record.prompt_tokens
+                    chunk.stop_string = record.stop_string
                     yield chunk
                     return
                 yield chunk
@@ -282,8 +284,9 @@ class SchedulerManager:
                         fresh.discard(record.index)
                         if record.prompt_logprobs is not None:   # (token id, its entry), the first's None
                             chunk.prompt_logprobs = list(zip(record.prompt_ids, record.prompt_logprobs))
+                    chunk.prompt_tokens, chunk.cached_tokens = record.prompt_tokens, record.cached_tokens
                     if chunk.finished:
-                        chunk.prompt_tokens = record.prompt_tokens
+                        chunk.stop_string = record.stop_string
                         waiting.remove(record)
                     yield chunk
                 if not taken and not wait(signal, self._wait_slice) and self._closed \
@@ -305,6 +308,12 @@ class SchedulerManager:
         if record is not None:
             for choice in record.choices():
                 self._abort(choice)
+
+    def discard(self, request_id):
+        """Forget a request whose stream will not be read (its answer failed before it began): aborted as a
+        client that went away is, its records gone from the table. Nothing for one already ended."""
+        self.abort(request_id)
+        self.requests.remove(request_id)
 
     def _abort(self, record):
         if not (record.finished or record.aborted):

@@ -21,14 +21,16 @@ the request's whole serving-side state (no other module keeps a map keyed by req
                    (when asked)                      the tokens; the consumer takes one per token
     prompt_logprobs the prompt's entries (asked)     the engine thread, before the first chunk
     prompt_ids     its prompt's ids (the same)       add_request or a tokenize worker
+    cached_tokens  its prompt tokens the prefix      the engine thread, before the first chunk
+                   cache served
+    stop_string    the stop string that ended it     the engine thread, before the final chunk
     group, index   its RequestGroup and choice index add_request, before anyone else sees it
     forks          the other choices of its prompt   add_request (on a prompt's first choice)
 
 A call with several prompts or n > 1 choices makes one record per (prompt, choice) in a RequestGroup:
 they share one waker signal (one consumer reads them all) and the call's admission slots — one per
-prompt —, which go back when the last of them ends. A grammar matcher, when structured output comes,
-goes here too. The engine's own state of a request (its Sequence, KV blocks, scheduler queues) is the
-engine's: the engine thread reaches it only through LLMEngine's add_request / abort / step.
+prompt —, which go back when the last of them ends. The engine's own state of a request (its Sequence,
+KV blocks, scheduler queues, grammar matcher) is the engine's: the engine thread reaches it only through LLMEngine's add_request / abort / step.
 
 A record lives in the table from add_request until its consumer's stream ends (RequestTable.remove);
 its slot goes back when it ends — finished, failed or aborted — even if nobody has read it yet.
@@ -43,12 +45,15 @@ from rosefast.frontend.collector import StreamOutputCollector
 
 class Request:
     __slots__ = ("id", "params", "prompt_tokens", "timing", "collector", "signal", "detok", "finished",
-                 "aborted", "_slot", "group", "index", "forks", "logprobs", "prompt_logprobs", "prompt_ids")
+                 "aborted", "_slot", "group", "index", "forks", "logprobs", "prompt_logprobs", "prompt_ids",
+                 "cached_tokens", "stop_string")
 
     def __init__(self, request_id, params, slot, signal, timing=None):
         self.id = request_id
         self.params = params
         self.prompt_tokens = None
+        self.cached_tokens = 0
+        self.stop_string = None
         self.timing = timing
         self.collector = StreamOutputCollector()
         self.signal = signal

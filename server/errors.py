@@ -1,5 +1,6 @@
-"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}}, the JSON response every
-non-streamed answer goes out as, and what the serving core's exceptions become for a client."""
+"""Error bodies — OpenAI's {"error": {"message", "type", "param", "code"}}, and Anthropic's {"type": "error",
+"error": {"type", "message"}} on its routes —, the JSON response every non-streamed answer goes out as, and
+what the serving core's exceptions become for a client."""
 import json
 
 from flask import Response
@@ -26,8 +27,18 @@ class APIError(Exception):
     def body(self):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self):
-        return json_response(self.body(), self.status, self.headers)
+    def anthropic_body(self):
+        """Anthropic's shape: its error type for the status, the message naming the field."""
+        kind = ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, anthropic=False):
+        return json_response(self.anthropic_body() if anthropic else self.body(), self.status, self.headers)
+
+
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                   503: "overloaded_error"}
 
 
 def bad_request(message, param=None):

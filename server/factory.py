@@ -19,6 +19,7 @@ from server.logprobs import TokenStrings
 from server.metrics import ENDPOINTS, Metrics, count_request
 
 log = logging.getLogger("rosefast.server")
+ANTHROPIC_PATHS = "/v1/messages"   # the routes whose errors go out in Anthropic's shape
 WORKER_BOOT_ERROR = 3   # gunicorn's code for a worker that failed to boot: the arbiter stops the server on it
 
 
@@ -147,13 +148,13 @@ def create_app(config=None, start=True):
     def _before():
         g.t0 = time.perf_counter()
         if (request.path.startswith("/v1/") or request.path in tokenizer_api.PATHS) and not authorized(config):
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                            "authentication_error", code="invalid_api_key")
 
     def _answer(e):
         """Every error response goes out here: counted once, with an OpenAI body."""
         count_request(state, request.environ, ENDPOINTS.get(request.path, "other"), str(e.status))
-        return e.response()
+        return e.response(anthropic=request.path.startswith(ANTHROPIC_PATHS))
 
     @app.errorhandler(APIError)
     def _api_error(e):

@@ -1,11 +1,12 @@
 """The OpenAI request fields we take, how they map to SamplingParams, and the response shapes."""
 import math
-from dataclasses import dataclass
 
 from rosefast.engine.sampling import SamplingParams
 from server.errors import APIError, bad_request
+from server.request_model import Generation, Options
 from server.structured import FIELDS as STRUCTURED
-from server.tools import history_tool_calls
+from server.structured import requested_grammar
+from server.tools import history_tool_calls, requested_tools
 
 # what the batched sampler takes: OpenAI's names, and vLLM's extras (sent in the openai client's extra_body)
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -24,29 +25,20 @@ MAX_PROMPTS = 64
 MAX_LOGPROBS = 20
 
 
-@dataclass
-class Options:
-    """How one request's choices are run and answered (besides its SamplingParams)."""
-    n: int = 1
-    echo: bool = False            # completions: the prompt before each choice's text (and its logprobs)
-    logprobs: int = None          # top logprobs per token (chat: top_logprobs, when logprobs is true)
-    score_only: bool = False      # echo with max_tokens 0: the prompt's logprobs, no token generated
-    stream: bool = False
-    include_usage: bool = False
-    continuous_usage: bool = False   # usage so far in every streamed chunk (vLLM's continuous_usage_stats)
-
-
-def _number(body, name, default, low=None, high=None, integer=False):
+def _number(body, name, default, low=None, high=None, integer=False, names=None):
+    """body[name] checked as a number (an integer) in [low, high]; `names` maps the field to the client's name
+    for the 400 (an API that calls it otherwise)."""
     value = body.get(name, default)
     if value is None:
         return default
+    label = names.get(name, name) if names else name
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise bad_request(f"'{name}' must be {'an integer' if integer else 'a number'}, got {json_type(value)}",
-                          name)
+        raise bad_request(f"'{label}' must be {'an integer' if integer else 'a number'}, got {json_type(value)}",
+                          label)
     if not integer and not math.isfinite(value):
-        raise bad_request(f"'{name}' must be finite", name)
+        raise bad_request(f"'{label}' must be finite", label)
     if low is not None and value < low or high is not None and value > high:
-        raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", name)
+        raise bad_request(f"'{label}' must be between {low} and {high}, got {value}", label)
     return value
 
 
@@ -55,12 +47,17 @@ def json_type(value):
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
 
 
-def check_fields(body, allowed):
+def check_known(body, allowed, say=lambda names: f"unsupported field(s): {', '.join(names)}"):
+    """A 400 unless the body is a JSON object of `allowed` fields (`say` words the unknown ones' message)."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {json_type(body)}")
     unknown = sorted(k for k in body if k not in allowed)
     if unknown:
-        raise bad_request(f"unsupported field(s): {', '.join(unknown)}", unknown[0])
+        raise bad_request(say(unknown), unknown[0])
+
+
+def check_fields(body, allowed):
+    check_known(body, allowed)
     if body.get("suffix") is not None:
         raise bad_request("'suffix' is not supported", "suffix")
     if body.get("parallel_tool_calls") is not None and not isinstance(body.get("parallel_tool_calls"), bool):
@@ -103,29 +100,31 @@ def request_options(body, chat):
                    continuous_usage=opts.get("continuous_usage_stats", False))
 
 
-def sampling_params(body, config, context_len, options, defaults=None, grammar=None):
-    """SamplingParams from the request, with the server's caps; the fields it leaves out (or sends as null)
-    from `defaults` (the model's generation defaults), else SamplingParams'; `grammar`: the compiled grammar
-    the tokens must follow (server.structured). Raises APIError naming the field."""
-    defaults = defaults or {}
+def sampling_params(body, config, context_len, options, defaults=None, grammar=None, names=None):
+    """SamplingParams from the request's fields under OpenAI's names, with the server's caps; the fields it
+    leaves out (or sends as null) from `defaults` (the model's generation defaults), else SamplingParams';
+    `grammar`: the compiled grammar the tokens must follow (server.structured). Raises APIError naming the
+    field as the client calls it (`names`: OpenAI's name -> the client's, for another API)."""
+    defaults, names = defaults or {}, names or {}
     cap = min(config.max_tokens_cap, context_len - 1)
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _number(body, name, min(config.default_max_tokens, cap), integer=True)
+    field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, field, min(config.default_max_tokens, cap), integer=True, names=names)
+    name = names.get(field, field)
     if max_tokens == 0 and options.echo:   # scoring only: one token is run for the prompt's logprobs, not sent
         options.score_only, max_tokens = True, 1
     if max_tokens < 1:
         raise bad_request(f"'{name}' must be >= 1 (0 only with 'echo'), got {max_tokens}", name)
     if max_tokens > cap:
         raise bad_request(f"'{name}' is {max_tokens}; the most this server allows is {cap}", name)
-    stop = body.get("stop")
+    stop, stop_name = body.get("stop"), names.get("stop", "stop")
     if stop is None:
         stop = ()
     elif isinstance(stop, str):
         stop = (stop,)
     elif not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)) or len(stop) > 16:
-        raise bad_request("'stop' must be a string or a list of at most 16 strings", "stop")
+        raise bad_request(f"'{stop_name}' must be a string or a list of at most 16 strings", stop_name)
     if any(not s or len(s) > 256 for s in stop):
-        raise bad_request("each 'stop' string must have 1 to 256 characters", "stop")
+        raise bad_request(f"each '{stop_name}' string must have 1 to 256 characters", stop_name)
     for flag in ("ignore_eos", "include_stop_str_in_output"):
         if body.get(flag) is not None and not isinstance(body.get(flag), bool):
             raise bad_request(f"'{flag}' must be a boolean", flag)
@@ -142,15 +141,15 @@ def sampling_params(body, config, context_len, options, defaults=None, grammar=N
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=_number(body, "temperature", defaults.get("temperature", 1.0), 0.0, 2.0),
-            top_p=_number(body, "top_p", defaults.get("top_p", 1.0)),
-            top_k=_number(body, "top_k", defaults.get("top_k", 0), -1, 1 << 20, integer=True),
-            min_p=_number(body, "min_p", defaults.get("min_p", 0.0)),
-            presence_penalty=_number(body, "presence_penalty", 0.0),
-            frequency_penalty=_number(body, "frequency_penalty", 0.0),
-            repetition_penalty=_number(body, "repetition_penalty", defaults.get("repetition_penalty", 1.0)),
+            temperature=_number(body, "temperature", defaults.get("temperature", 1.0), 0.0, 2.0, names=names),
+            top_p=_number(body, "top_p", defaults.get("top_p", 1.0), names=names),
+            top_k=_number(body, "top_k", defaults.get("top_k", 0), -1, 1 << 20, integer=True, names=names),
+            min_p=_number(body, "min_p", defaults.get("min_p", 0.0), names=names),
+            presence_penalty=_number(body, "presence_penalty", 0.0, names=names),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, names=names),
+            repetition_penalty=_number(body, "repetition_penalty", defaults.get("repetition_penalty", 1.0), names=names),
             logit_bias=bias or None,
-            min_tokens=_number(body, "min_tokens", 0, integer=True),
+            min_tokens=_number(body, "min_tokens", 0, integer=True, names=names),
             seed=seed,
             stop=tuple(stop),
             stop_token_ids=tuple(stop_ids or ()),
@@ -161,10 +160,26 @@ def sampling_params(body, config, context_len, options, defaults=None, grammar=N
             grammar=grammar,
         )
     except ValueError as e:   # SamplingParams names the field first
-        raise bad_request(f"'{str(e).split(' ', 1)[0]}' {str(e).split(' ', 1)[1]}", param_of(e)) from None
+        field, rest = str(e).split(" ", 1)
+        raise bad_request(f"'{names.get(field, field)}' {rest}", names.get(param_of(e), param_of(e))) from None
 
 
-def check_output_budget(prompts, options, params, context_len, limit):
+def chat_generation(body):
+    """POST /v1/chat/completions as the one internal request."""
+    check_fields(body, CHAT)
+    return Generation("chat", request_options(body, True), body, messages=chat_messages(body),
+                      template_kwargs=chat_template_kwargs(body), tools=requested_tools(body),
+                      grammar=requested_grammar(body), model=body.get("model"))
+
+
+def completion_generation(body):
+    """POST /v1/completions as the one internal request."""
+    check_fields(body, COMPLETION)
+    return Generation("completions", request_options(body, False), body, prompts=completion_prompts(body),
+                      grammar=requested_grammar(body), model=body.get("model"), id_prefix="cmpl-")
+
+
+def check_output_budget(prompts, options, params, context_len, limit, param="max_tokens"):
     """A 400 when what the request may make passes `limit` (ROSEFAST_MAX_OUTPUT_ENTRIES): per prompt and
     choice, the echoed prompt (token ids: their count; text: its UTF-8 bytes + 2, as no token is shorter than a
     byte) plus max_tokens, at most the context length; each token 1 entry, 2 + k with logprobs. Checked before
@@ -182,7 +197,7 @@ def check_output_budget(prompts, options, params, context_len, limit):
             f"{tokens:,} tokens{' with the prompts echoed' if options.echo else ''}, x {per_token} per token"
             f"{' with logprobs' if options.logprobs is not None else ''}); this server's limit is {limit:,} "
             "(ROSEFAST_MAX_OUTPUT_ENTRIES): send fewer prompts, choices, tokens or logprobs",
-            param="max_tokens", code="output_budget_exceeded")
+            param=param, code="output_budget_exceeded")
 
 
 def param_of(e):
@@ -191,7 +206,7 @@ def param_of(e):
     return name if name in SAMPLING or name in ("max_tokens", "logprobs", "top_logprobs") else None
 
 
-def _plain_text(text, where):
+def plain_text(text, where):
     """A str that UTF-8 can carry (JSON allows lone surrogates like "\\ud800"; no tokenizer takes them)."""
     try:
         text.encode("utf-8")
@@ -225,7 +240,7 @@ def completion_prompts(body):
         if isinstance(p, str):
             if not p:
                 raise bad_request("'prompt' must not be empty", "prompt")
-            _plain_text(p, f"prompt[{i}]")
+            plain_text(p, f"prompt[{i}]")
     return prompts
 
 
@@ -252,7 +267,7 @@ def chat_messages(body):
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             raise bad_request(f"messages[{i}].content must be a string", "messages")
-        message = {"role": m["role"], "content": _plain_text(content, f"messages[{i}].content")}
+        message = {"role": m["role"], "content": plain_text(content, f"messages[{i}].content")}
         if calls:
             message["tool_calls"] = calls
         out.append(message)

@@ -13,11 +13,12 @@ from rosefast.stops import stop_automaton
 
 
 class ReasoningSplit:
-    __slots__ = ("_open", "_close", "_held", "_state", "_at")
+    __slots__ = ("_open", "_close", "_held", "_state", "_at", "found")
 
     def __init__(self, tags):
         self._open, self._close = tags[0], stop_automaton((tags[1],))   # the closing tag: matched as a stop string
         self._held = ""
+        self.found = False   # whether the text opened a reasoning block
         self._at = 0            # the closing tag's automaton state over the reasoning so far
         self._state = "start"   # start: before the opening tag could be known; reasoning; gap: after the block,
                                 # before the answer's first non-space character; content
@@ -36,6 +37,7 @@ class ReasoningSplit:
             lead = self._held.lstrip()
             if lead.startswith(self._open):
                 self._state, text, self._held = "reasoning", lead[len(self._open):], ""
+                self.found = True
             elif self._open.startswith(lead):   # still could be the tag (or only white space so far)
                 return "", ""
             else:

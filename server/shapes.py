@@ -9,15 +9,15 @@ _MARK = "\x00"   # a text no id or model name holds: where a text event's bytes 
 
 
 def new_id(prefix):
-    """24 random hex digits, as before from uuid4 but without a system call and a UUID per request (the
+    """`prefix` (its separator included: "chatcmpl-", "resp_") and 24 random hex digits, as before from uuid4 but without a system call and a UUID per request (the
     module's generator is seeded from os.urandom, and again in each forked worker)."""
-    return f"{prefix}-{random.getrandbits(96):024x}"
+    return f"{prefix}{random.getrandbits(96):024x}"
 
 
 class Shapes:
-    def __init__(self, chat, model):
+    def __init__(self, chat, model, id_):
         self.chat = chat
-        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.id = id_
         self.created = int(time.time())
         self.model = model
         self._text_events = {}   # choice index -> (bytes before the text, bytes after it)
@@ -73,11 +73,8 @@ class Shapes:
         return {**self._base("text_completion"), "choices": out, "usage": usage}
 
 
-def usage(prompt_tokens, completion_tokens):
+def usage(prompt_tokens, completion_tokens, cached_tokens=0):
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: the prompt tokens the prefix cache served."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def openai_finish_reason(reason):
-    """Our finish reasons in OpenAI's words ("abort" never reaches a client that is still there)."""
-    return {"stop": "stop", "length": "length"}.get(reason, reason)
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}

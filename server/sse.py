@@ -1,4 +1,6 @@
-"""Server-sent events framing: one `data: <json>\\n\\n` event per merged chunk, then `data: [DONE]`."""
+"""Server-sent events framing: one `data: <json>\\n\\n` event per merged chunk, then `data: [DONE]` (OpenAI's
+chat and completions); `event: <type>\\ndata: <json>\\n\\n` for the APIs whose events are typed (Responses,
+Messages)."""
 from server.json_text import dumps
 
 DONE = b"data: [DONE]\n\n"
@@ -9,3 +11,9 @@ def event(payload):
     """One SSE event carrying `payload` as compact JSON (an event ends with a blank line)."""
     return b"data: " + dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
+
+
+def typed_event(kind, payload):
+    """One SSE event named `kind` whose data is `payload` with its `type` first, as compact JSON."""
+    return b"event: " + kind.encode() + b"\ndata: " + dumps({"type": kind, **payload}, ensure_ascii=False,
+                                                            separators=(",", ":")).encode() + b"\n\n"

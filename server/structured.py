@@ -7,6 +7,7 @@ from rosefast.engine.grammar import GrammarError
 from server.errors import bad_request, parse_json
 
 FIELDS = {"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}
+EXTRAS = FIELDS - {"response_format"}   # vLLM's: taken on every API beside its own field
 _GUIDED = (("guided_json", "json_schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),
            ("guided_grammar", "lark"))
 _STRUCTURED = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "lark",
@@ -34,10 +35,55 @@ def _response_format(rf):
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
         raise bad_request("'response_format.json_schema' must be an object with a 'name' and a 'schema'",
                           "response_format")
-    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
-        raise bad_request("'response_format.json_schema.strict' must be a boolean", "response_format")
     # strict or not, the output is held to the schema: a grammar cannot "mostly" follow one
-    return "json_schema", _schema(spec.get("schema", {}), "response_format")
+    return json_schema_grammar(spec.get("schema", {}), spec.get("strict"), "response_format")[:2]
+
+
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
+def closed(schema):
+    """A tool's parameters as its call is held to them: every object schema that declares its `properties`
+    and says nothing of others gets `additionalProperties: false` (as OpenAI's strict tools and xgrammar's
+    strict mode read it), so a call's arguments are what the function declares and the call can end — a
+    model left free to add properties may write them until its token limit. A copy; nested schemas too."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(s) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(s) for k, s in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def json_schema_grammar(schema, strict, field):
+    """(kind, value, field) of a json_schema grammar. With `strict: true` the schema is closed as a tool
+    call's parameters are (every object that declares its properties takes no others, as OpenAI's strict
+    mode requires of a schema); without it, the schema means what JSON Schema says (other properties are
+    allowed where it does not forbid them): the client's schema is its contract."""
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_request(f"'{field}': 'strict' must be a boolean", field)
+    schema = _schema(schema, field)
+    return "json_schema", closed(schema) if strict else schema, field
+
+
+def one_grammar(given, body):
+    """An API's own structured-output field (`given`: (kind, value, field) or None) with vLLM's guided_* and
+    structured_outputs extras in `body`: the one grammar asked for, or a 400 when there are two."""
+    extra = requested_grammar({k: body[k] for k in EXTRAS if k in body})
+    if given is not None and extra is not None:
+        raise bad_request(f"give one grammar, not 2: {given[2]}, {extra[2]}", extra[2])
+    return given or extra
 
 
 def requested_grammar(body):

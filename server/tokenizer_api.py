@@ -4,6 +4,7 @@ from flask import Blueprint, current_app, request
 
 from rosefast.errors import NotReadyError
 from server import openai_api
+from server.body import read_json_body
 from server.errors import api_error, bad_request, json_response
 
 bp = Blueprint("tokenizer", __name__)
@@ -19,9 +20,7 @@ def _ready():
 
 
 def _json_body():
-    from server.routes import _body
-
-    body = _body()
+    body = read_json_body()
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {openai_api.json_type(body)}")
     return body

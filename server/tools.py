@@ -7,13 +7,16 @@ A chat template that takes `tools` (it names them) renders them itself; one that
 gets them in a system message that lists the functions and says how to call one (FALLBACK below).
 `tool_choice`: "none" (no tools in the prompt, nothing parsed), "auto" (the model decides; a reply that
 starts with `<tool_call>` is parsed), "required" or a named function (the output is held by a grammar to one
-call of a given function with arguments that follow its parameters schema, so it always parses).
+call of a given function with arguments that follow its parameters schema — closed: no property the function
+does not declare, unless the schema allows others (server.structured.closed) —, so it parses and ends).
+Every API reads its own tool shape into `make_tools` (chat here; server.responses_api, server.messages_api).
 """
 import json
 import random
 import re
 
 from server.errors import bad_request, parse_json
+from server.structured import closed
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -43,7 +46,7 @@ class Tools:
     def grammar(self):
         """(kind, value) of the grammar for a forced call: the tags around a JSON {"name", "arguments"}."""
         calls = [{"type": "object", "properties": {"name": {"const": name},
-                                                   "arguments": self.functions[name]["parameters"]},
+                                                   "arguments": closed(self.functions[name]["parameters"])},
                   "required": ["name", "arguments"], "additionalProperties": False} for name in self.forced]
         schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
         schema = {**schema, "x-guidance": {"whitespace_flexible": False}}   # compact JSON, as in json_schema
@@ -54,45 +57,60 @@ class Tools:
 
 
 def requested_tools(body):
-    """Tools from `tools` and `tool_choice`, or None when the request gives no tools; a 400 naming the field."""
+    """Tools from a chat request's `tools` and `tool_choice`, or None when it gives no tools; a 400 naming the
+    field."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if tools is None:
         if choice not in (None, "none"):
             raise bad_request("'tool_choice' needs 'tools'", "tool_choice")
         return None
-    if not isinstance(tools, list) or not tools or len(tools) > 128:
-        raise bad_request("'tools' must be a non-empty array of at most 128 functions", "tools")
-    functions = {}
+    shape = "{'type': 'function', 'function': {'name': ...}}"
+    if not isinstance(tools, list):
+        raise bad_request(f"'tools' must be an array of {shape}", "tools")
+    functions = []
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
-            raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}} with a name "
-                              "of 1-64 letters, digits, _ or -", "tools")
-        params = fn.get("parameters", NO_PARAMETERS)
-        if not isinstance(params, dict):
-            raise bad_request(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
-        if fn["name"] in functions:
-            raise bad_request(f"tools: the function '{fn['name']}' is given twice", "tools")
-        entry = {"parameters": params}
-        if isinstance(fn.get("description"), str):
-            entry = {"description": fn["description"], **entry}
-        functions[fn["name"]] = entry
-    if choice is None:
-        choice = "auto"
-    elif isinstance(choice, dict):
+        if not isinstance(fn, dict):
+            raise bad_request(f"tools[{i}] must be {shape}", "tools")
+        functions.append((fn.get("name"), fn.get("description"), fn.get("parameters"), f"tools[{i}].function"))
+    if isinstance(choice, dict):
         name = choice.get("function", {}).get("name") if choice.get("type") == "function" and \
             isinstance(choice.get("function"), dict) else None
         if not isinstance(name, str):
             raise bad_request("'tool_choice' must be none, auto, required or {'type': 'function', 'function': "
                               "{'name': ...}}", "tool_choice")
-        if name not in functions:
-            raise bad_request(f"'tool_choice' names the function '{name[:64]}', which is not in 'tools'",
-                              "tool_choice")
-        choice = name
-    elif choice not in ("none", "auto", "required"):
+        choice = ("function", name)
+    elif choice is not None and choice not in ("none", "auto", "required"):
         raise bad_request("'tool_choice' must be none, auto, required or {'type': 'function', 'function': "
                           "{'name': ...}}", "tool_choice")
-    return Tools(functions, choice)
+    return make_tools(functions, choice or "auto")
+
+
+def make_tools(functions, choice, field="tools", choice_field="tool_choice", schema_name="parameters"):
+    """Tools from each function's (name, description or None, parameters schema or None, where it is in the
+    request) and the choice: "none", "auto", "required" or ("function", name). Each API reads its own shape
+    into these; the checks and their 400s (naming `field` / `choice_field`) are here, once."""
+    if not functions or len(functions) > 128:
+        raise bad_request(f"'{field}' must be a non-empty array of at most 128 functions", field)
+    out = {}
+    for name, description, params, where in functions:
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise bad_request(f"{where}: a function needs a 'name' of 1-64 letters, digits, _ or -", field)
+        params = NO_PARAMETERS if params is None else params
+        if not isinstance(params, dict):
+            raise bad_request(f"{where}.{schema_name} must be a JSON schema object", field)
+        if name in out:
+            raise bad_request(f"{field}: the function '{name}' is given twice", field)
+        entry = {"parameters": params}
+        if isinstance(description, str):
+            entry = {"description": description, **entry}
+        out[name] = entry
+    if isinstance(choice, tuple):
+        if choice[1] not in out:
+            raise bad_request(f"'{choice_field}' names the function '{str(choice[1])[:64]}', which is not in "
+                              f"'{field}'", choice_field)
+        choice = choice[1]
+    return Tools(out, choice)
 
 
 def template_takes_tools(tokenizer):

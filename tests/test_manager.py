@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -365,7 +366,7 @@ def test_engine_runs_in_a_native_thread_under_gevent(tiny_llama):
     assert wakes <= steps             # at most one wakeup per engine step
 
 
-def test_the_final_chunk_carries_the_prompt_length_and_the_slot_is_back_by_then(manager):
+def test_every_chunk_carries_the_prompt_length_and_the_slot_is_back_by_the_final_one(manager):
     ids = manager.tokenizer("how long was I")["input_ids"]
     for kwargs in ({"prompt": "how long was I"}, {"prompt_token_ids": ids}):
         rid = manager.add_request(**kwargs, max_tokens=3, temperature=0, ignore_eos=True)
@@ -373,8 +374,25 @@ def test_the_final_chunk_carries_the_prompt_length_and_the_slot_is_back_by_then(
         for chunk in manager.stream(rid):
             chunks.append((chunk.prompt_tokens, chunk.finished, manager.inflight))
         assert chunks[-1] == (len(ids), True, 0)                 # released before the consumer saw the end
-        assert all(p is None for p, done, _ in chunks if not done)
+        assert all(p == len(ids) for p, done, _ in chunks)
         assert manager.requests.get(rid) is None                 # the record went with its stream
+
+
+def test_a_discarded_request_leaves_nothing_behind(tiny_llama):
+    # an answer that failed before its stream was read (server.routes): the request must not stay anywhere
+    m = make_manager(tiny_llama)
+    try:
+        for n in (1, 3):
+            rid = m.add_request("never read", max_tokens=200, temperature=0, ignore_eos=True, n=n)
+            m.discard(rid)
+            assert m.requests.get(rid) is None and m.inflight == 0
+        collect(m, m.add_request(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0))
+        deadline = time.monotonic() + 10
+        while m.bookkeeping() != dict.fromkeys(m.bookkeeping(), 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert m.bookkeeping() == dict.fromkeys(m.bookkeeping(), 0)
+    finally:
+        m.close()
 
 
 def test_abort_while_tokenizing_never_reaches_the_engine(tiny_llama):

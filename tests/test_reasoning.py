@@ -85,3 +85,30 @@ def test_chat_template_kwargs_reach_the_template(qwen3_server):
     assert off - plain == len(tok("<think>\n\n</think>\n\n", add_special_tokens=False).input_ids)
     bad = requests.post(url, json={**body, "chat_template_kwargs": {"tools": []}}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
+def test_the_reasoning_block_is_a_reasoning_item_and_a_thinking_block(qwen3_server):
+    import anthropic
+    import openai
+
+    oai = openai.OpenAI(base_url=qwen3_server.url + "/v1", api_key="unused", max_retries=0)
+    body = dict(model="tiny", input="Capital of France?", max_output_tokens=40, temperature=0,
+                extra_body={"guided_regex": FORCED})
+    r = oai.responses.create(**body)
+    assert [item.type for item in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "\nI reason.\n" and r.output_text == "Paris"
+    events = list(oai.responses.create(**body, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "\nI reason.\n"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Paris"
+    assert [e.item.type for e in events if e.type == "response.output_item.done"] == ["reasoning", "message"]
+    claude = anthropic.Anthropic(base_url=qwen3_server.url, api_key="unused", max_retries=0)
+    kw = dict(model="tiny", max_tokens=40, messages=[{"role": "user", "content": "Capital of France?"}],
+              thinking={"type": "enabled", "budget_tokens": 1024},
+              extra_body={"temperature": 0, "guided_regex": FORCED})
+    m = claude.messages.create(**kw)
+    def blocks(message):
+        return [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in message.content]
+
+    assert blocks(m) == [("thinking", "\nI reason.\n"), ("text", "Paris")]
+    with claude.messages.stream(**kw) as stream:
+        assert blocks(stream.get_final_message()) == blocks(m)

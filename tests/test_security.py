@@ -17,15 +17,35 @@ def keyed(tiny_llama):
 
 
 @pytest.mark.parametrize("path, method", [("/v1/models", "get"), ("/v1/completions", "post"),
-                                          ("/v1/chat/completions", "post"), ("/tokenize", "post"),
-                                          ("/detokenize", "post"), ("/tokenizer_info", "get")])
-@pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x"])
+                                          ("/v1/chat/completions", "post"), ("/v1/responses", "post"),
+                                          ("/v1/messages", "post"), ("/v1/messages/count_tokens", "post"),
+                                          ("/tokenize", "post"), ("/detokenize", "post"), ("/tokenizer_info", "get")])
+@pytest.mark.parametrize("header", [None, "Bearer wrong-key", f"Basic {KEY}", f"Bearer {KEY}x", "x-api-key wrong",
+                                    f"x-api-key {KEY}x", f"x-api-key Bearer {KEY}"])
 def test_v1_needs_the_key(keyed, path, method, header):
-    headers = {"Authorization": header} if header else {}
+    name, _, value = (header or "").partition(" ")
+    headers = {} if not header else {"x-api-key": value} if name == "x-api-key" else {"Authorization": header}
     r = getattr(requests, method)(keyed.url + path, json={"prompt": "x", "max_tokens": 1}, headers=headers)
     assert r.status_code == 401
-    err = r.json()["error"]
+    body = r.json()
+    err = body["error"]
     assert err["type"] == "authentication_error" and "API key" in err["message"]
+    assert (body.get("type") == "error") == path.startswith("/v1/messages")   # Anthropic's shape on its routes
+
+
+def test_anthropics_clients_key_works_as_x_api_key_or_bearer(keyed):
+    import anthropic
+
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    r = requests.post(keyed.url + "/v1/messages", json=body, headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] == 2   # as Anthropic's docs and older SDKs send it
+    c = anthropic.Anthropic(base_url=keyed.url, api_key=KEY, max_retries=0)   # (this SDK sends a bearer token)
+    done = c.messages.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    assert done.usage.output_tokens == 2
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        anthropic.Anthropic(base_url=keyed.url, api_key="nope", max_retries=0).messages.count_tokens(
+            model="tiny", messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "authentication_error"
 
 
 def test_right_key_works_and_health_stays_open(keyed):

@@ -89,6 +89,8 @@ class BlockManager:
             seq.block_table.append(block)
         seq.num_hashed_blocks = len(seq.block_table)
         seq.num_cached = len(seq.block_table) * self.block_size
+        if seq.cached_prompt_tokens is None:   # what a client is told was cached: its first admission's hits
+            seq.cached_prompt_tokens = min(seq.num_cached, seq.num_prompt_tokens)
         self.append_slot(seq)
 
     def can_append(self, seq):

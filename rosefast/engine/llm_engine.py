@@ -31,6 +31,7 @@ class StepOutput:
     scheduled_at: float = None  # with a request's first token: when its prefill was first scheduled
     logprobs: list = None       # when asked: per new token, (its logprob, [(token, logprob)] top k) (raw model)
     prompt_logprobs: list = None  # when asked, with the first token: per prompt token the same (the first: None)
+    cached_tokens: int = None     # with the first token: its prompt tokens the prefix cache served
 
 
 @dataclass
@@ -290,7 +291,7 @@ class LLMEngine:
             self._end(seq, reason)
         if len(seq.token_ids) - seq.num_prompt_tokens == 1:   # its first token
             return StepOutput(seq.request_id, [token], reason is not None, reason, seq.scheduled_at,
-                              None if lp is None else [lp], seq.prompt_logprobs)
+                              None if lp is None else [lp], seq.prompt_logprobs, seq.cached_prompt_tokens or 0)
         return StepOutput(seq.request_id, [token], reason is not None, reason, None, None if lp is None else [lp])
 
     def _allowed(self, masks, rows):
@@ -351,6 +352,7 @@ class LLMEngine:
         for k, rid in enumerate(parent.fork_ids, start=1):
             child = Sequence(rid, parent.token_ids, parent.params, seed=self._seeds.getrandbits(63))
             child.stop_ids, child.scheduled_at, child.prompt_logprobs = parent.stop_ids, parent.scheduled_at, None
+            child.cached_prompt_tokens = parent.cached_prompt_tokens
             if parent.params.seed is not None:   # choice k draws with seed + k (mod 2**63: seeds are int64)
                 child.seed = (parent.params.seed + k) % SEED_SPAN
             self.seqs[rid] = child

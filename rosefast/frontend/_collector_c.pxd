@@ -14,9 +14,12 @@ cdef class StreamChunk:
     cdef public object finished
     cdef public object finish_reason
     cdef public Py_ssize_t merged   # set by the collector: how many later deltas were merged into this one
-    # set by the manager's stream, never read or merged by the collector: on a choice's final chunk its prompt
-    # length; with several choices or logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
+    # set by the manager's stream, never read or merged by the collector: its prompt's length and the prompt
+    # tokens the prefix cache served; on a choice's final chunk the stop string that ended it; with several
+    # choices or logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
     cdef public object prompt_tokens
+    cdef public object cached_tokens
+    cdef public object stop_string
     cdef public object index
     cdef public object logprobs
     cdef public object prompt_logprobs

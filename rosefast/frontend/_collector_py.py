@@ -51,7 +51,8 @@ def chunk_repr(chunk):
 
 
 class StreamChunk:
-    __slots__ = FIELDS + ("merged", "prompt_tokens", "index", "logprobs", "prompt_logprobs")
+    __slots__ = FIELDS + ("merged", "prompt_tokens", "cached_tokens", "stop_string", "index", "logprobs",
+                           "prompt_logprobs")
 
     def __init__(self, token_ids, text, finished=False, finish_reason=None):
         self.token_ids = token_ids
@@ -59,9 +60,11 @@ class StreamChunk:
         self.finished = finished
         self.finish_reason = finish_reason
         self.merged = 0   # set by the collector: how many later deltas were merged into this one
-        # set by the manager's stream, never read or merged here: on a choice's final chunk its prompt length;
-        # with several choices or logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
-        self.prompt_tokens = self.index = self.logprobs = self.prompt_logprobs = None
+        # set by the manager's stream, never read or merged here: its prompt's length and the prompt tokens the
+        # prefix cache served; on a choice's final chunk the stop string that ended it; with several choices or
+        # logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
+        self.prompt_tokens = self.cached_tokens = self.stop_string = None
+        self.index = self.logprobs = self.prompt_logprobs = None
 
     __eq__ = chunks_equal
     __repr__ = chunk_repr

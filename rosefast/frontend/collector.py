@@ -7,8 +7,9 @@
     c.get_nowait()   # None
 
 A chunk has `token_ids` (list or tuple), `text` (str), `finished` (bool) and `finish_reason`
-(str or None); `prompt_tokens` is None except on the final chunk a SchedulerManager's stream yields,
-where the manager sets the request's prompt length (the collector never reads or merges it).
+(str or None); a SchedulerManager's stream also sets `prompt_tokens` and `cached_tokens` (its prompt's
+length, the part the prefix cache served) and on the final chunk `stop_string` (the collector never reads
+or merges them).
 Merging is O(1) amortized: ids are extended in place in a list the collector owns (the producer's
 list is copied once on the way in and never mutated), text is kept as pieces and joined once when
 taken, `finished` is OR-ed and the last non-empty `finish_reason` wins. Merged
