@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= What is continuous batching in LLM serving?
 
-.PHONY: install build test bench generate serve serve-replicas cross-tools FORCE
+.PHONY: install build test bench generate serve serve-replicas cross-tools browser FORCE
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -44,7 +44,7 @@ FORCE:
 # what does not depend on the flavour — `make serve`, the real model's numbers, generation defaults, SIGTERM,
 # the dead-GPU and dead-engine restarts, a failed start, processes from the engine thread, the body timeout,
 # the API key and the logs — runs once, in the first run).
-test: build cross-tools
+test: build cross-tools browser
 	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest tests benches --benchmark-disable
 	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/test_request.py tests/test_manager.py \
 		tests/test_server.py tests/test_openai_surface.py tests/test_agent_apis.py tests/test_reliability.py \
@@ -60,6 +60,14 @@ cross-tools:
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q gcc-aarch64-linux-gnu qemu-user) \
 		  >/dev/null 2>&1; } || echo "no aarch64 cross compiler or qemu-user: the NEON check will skip"
+
+# The playground's tests drive a real browser: Debian's chromium and chromium-driver, installed where apt runs as
+# root; elsewhere those tests skip and say why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver) \
+		  >/dev/null 2>&1; } || echo "no chromium or chromedriver: the playground's browser tests will skip"
 
 # ns per merge / per token, saved for later comparison, then printed as the README's tables.
 bench: build

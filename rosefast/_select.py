@@ -3,16 +3,26 @@ import importlib
 import os
 
 NO_EXTENSIONS = os.environ.get("ROSEFAST_NO_EXTENSIONS", "").strip() not in ("", "0")
+_SELECTED = {}   # selector module ("rosefast.models.kernels") -> the flavour it took
 
 
 def select(name, package="rosefast.frontend"):
     """Return the module `<package>._<name>_c` when it is built and allowed, else `<package>._<name>_py`."""
+    module = None
     if not NO_EXTENSIONS:
         try:
-            return importlib.import_module(f"{package}._{name}_c")
+            module = importlib.import_module(f"{package}._{name}_c")
         except ImportError:
             pass
-    return importlib.import_module(f"{package}._{name}_py")
+    if module is None:
+        module = importlib.import_module(f"{package}._{name}_py")
+    _SELECTED[f"{package}.{name}"] = module
+    return module
+
+
+def selected(name):
+    """Whether the selector module `name` (imported) took its compiled flavour."""
+    return is_compiled(_SELECTED[name])
 
 
 def is_compiled(module):

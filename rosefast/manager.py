@@ -103,6 +103,22 @@ class SchedulerManager:
         """True once the model is loaded and requests are accepted."""
         return self.engine is not None
 
+    # what a front end may know of the loaded model, without reaching into the engine
+    @property
+    def max_model_len(self):
+        """The context length served (prompt + completion)."""
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self):
+        return self.engine.args.vocab_size
+
+    @property
+    def grammars(self):
+        """The engine's grammar compiler and cache (rosefast.engine.grammar.Grammars): thread-safe to compile
+        from any thread; what a request's SamplingParams carry."""
+        return self.engine.grammars
+
     @property
     def dead(self):
         """The EngineDeadError that ended the engine (a fatal device error, or the engine thread's own), or None."""
@@ -338,6 +354,12 @@ class SchedulerManager:
             sizes.update(engine_sequences=stats["sequences"], running=stats["running"], waiting=stats["waiting"],
                          kv_blocks_used=stats["kv_blocks_used"])
         return sizes
+
+    def engine_stats(self):
+        """The engine's counters and gauges (KV blocks, prefix cache, batch), read at scrape time; None until
+        loaded."""
+        engine = self.engine
+        return None if engine is None else engine.stats()
 
     def stats(self):
         """Counters and gauges of the serving core, read at scrape time."""

@@ -36,7 +36,8 @@ class ServerConfig(EngineConfig):
     body_timeout_s: float = 30.0         # a request body must arrive in full within this; else 408, connection closed
     send_timeout_s: float = 60.0         # a client that takes longer to accept one write (an SSE event, a body) has
                                          # its stream ended and its request aborted (it stopped reading)
-    api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>"
+    api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>" or "x-api-key: <key>"
+    ui: bool = True                      # the playground page at / (a chat, and what the server is doing)
     log_text: bool = False               # log prompts and completions (off: never)
     switch_interval_ms: float = 5.0      # the GIL switch interval in the worker (Python's default): 0.5 forced
                                          # the hub and the engine thread to trade the GIL 10x as often, for

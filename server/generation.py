@@ -45,7 +45,7 @@ def admit(state, translate):
     body = read_json_body()
     gen = translate(body)
     _check_model(state, gen)
-    context_len = manager.engine.max_model_len
+    context_len = manager.max_model_len
     prompts = gen.prompts if gen.messages is None else \
         [chat_prompt(manager, gen.messages, gen.tools, gen.template_kwargs, gen.names.get("messages", "messages"))]
     wanted, calls = gen.grammar, gen.tools

@@ -78,9 +78,8 @@ class _LiveState:
         for name, size in m.bookkeeping().items():
             books.add_metric([name], size)
         yield books
-        engine = m.engine
-        if engine is not None:
-            stats = engine.stats()
+        stats = m.engine_stats()
+        if stats is not None:
             for family, name, doc, key in ENGINE_LIVE:
                 yield family(name, doc, value=stats[key])
 

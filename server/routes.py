@@ -45,7 +45,7 @@ def models():
     m = state.manager
     card = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "rosefast"}
     if m is not None and m.ready:
-        card["max_model_len"] = m.engine.max_model_len
+        card["max_model_len"] = m.max_model_len
         card["generation_defaults"] = state.generation_defaults
     return json_response({"object": "list", "data": [card]})
 

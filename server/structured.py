@@ -123,7 +123,7 @@ def compile_grammar(state, kind, value, field):
     """The request's Grammar, compiled in the server's grammar pool (server.grammar_pool: native threads of its
     own, identical compiles merged; the hub serves on meanwhile, llguidance drops the GIL) and waited for at
     most ROSEFAST_GRAMMAR_TIMEOUT_S; a 400 naming the field when it fails or times out."""
-    grammars = state.manager.engine.grammars
+    grammars = state.manager.grammars
     timeout = state.config.grammar_timeout_s
     pool = state.grammar_pool
     try:

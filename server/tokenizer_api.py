@@ -60,7 +60,7 @@ def tokenize():
         text = prompts[0]
         special = _flag(body, "add_special_tokens", True)
     ids = tok(text, add_special_tokens=special)["input_ids"]
-    out = {"tokens": ids, "count": len(ids), "max_model_len": manager.engine.max_model_len}
+    out = {"tokens": ids, "count": len(ids), "max_model_len": manager.max_model_len}
     if _flag(body, "return_token_strs", False):
         out["token_strs"] = tok.convert_ids_to_tokens(ids)
     return json_response(out)
@@ -72,7 +72,7 @@ def detokenize():
     state, manager = _ready()
     body = _json_body()
     tokens = body.get("tokens")
-    vocab = manager.engine.args.vocab_size
+    vocab = manager.vocab_size
     if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
                                              for t in tokens)):
         raise bad_request(f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
@@ -88,5 +88,5 @@ def tokenizer_info():
         "tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
         "pad_token": tok.pad_token, "unk_token": tok.unk_token, "eos_token_id": tok.eos_token_id,
         "bos_token_id": tok.bos_token_id, "pad_token_id": tok.pad_token_id, "chat_template": tok.chat_template,
-        "add_bos_token": bool(getattr(tok, "add_bos_token", False)), "vocab_size": manager.engine.args.vocab_size,
-        "model_max_length": manager.engine.max_model_len, "max_model_len": manager.engine.max_model_len})
+        "add_bos_token": bool(getattr(tok, "add_bos_token", False)), "vocab_size": manager.vocab_size,
+        "model_max_length": manager.max_model_len, "max_model_len": manager.max_model_len})

@@ -1,4 +1,5 @@
-"""The path every token crosses on its way to the client: each module compiled, each with a pure twin."""
+"""The path every token crosses on its way to the client: each module compiled, each with a pure twin
+(rosefast.EXTENSIONS and rosefast.flavours() report these and the engine's and the model's compiled modules)."""
 from rosefast.frontend import admission, collector, fanout
 from rosefast._select import NO_EXTENSIONS, is_compiled
 
