@@ -198,7 +198,7 @@ async function loadModel() {
     if (!$(f).value && defaults[f] !== undefined) $(f).value = defaults[f];
     $(f).placeholder = defaults[f] !== undefined ? String(defaults[f]) : "1";
   }
-  if (!$("max_tokens").value) $("max_tokens").value = 256;
+  $("max_tokens").placeholder = "server default";   // left empty, the server's ROSEFAST_DEFAULT_MAX_TOKENS
   status("ready");
 }
 
