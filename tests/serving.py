@@ -33,6 +33,15 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
+def one_slot(default_model):
+    """The stand-in engine at 20 ms a step with one admission slot: a 1,000-token stream holds it for 20 s."""
+    s = Server({"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": 20, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 1,
+                "ROSEFAST_SERVED_MODEL_NAME": "tiny"})
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
 def offline(tiny_llama):
     return LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=16384)
 

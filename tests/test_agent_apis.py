@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from benches.schemas import SCHEMAS, WEATHER_TOOL
 from server.structured import closed
-from tests.serving import Server, client, server  # noqa: F401 - the shared fixtures
+from tests.serving import Server, client, one_slot, server  # noqa: F401 - the shared fixtures
 
 FUNCTION = WEATHER_TOOL["function"]
 FLAT_TOOL = {"type": "function", "name": FUNCTION["name"], "description": FUNCTION["description"],
@@ -320,15 +320,6 @@ def test_another_model_is_a_404_in_each_apis_shape(server):
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error" and "claude-x" in r.text
     r = requests.post(server.url + "/v1/responses", json={"model": "gpt-x", "input": "x"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "model"
-
-
-@pytest.fixture(scope="module")
-def one_slot(default_model):
-    # the stand-in engine at 20 ms a step: a 1,000-token stream holds the one slot for 20 s
-    s = Server({"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": 20, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 1,
-                "ROSEFAST_SERVED_MODEL_NAME": "tiny"})
-    yield s
-    s.stop()
 
 
 def _hold(server):

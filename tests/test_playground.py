@@ -14,7 +14,7 @@ import requests
 
 from server.config import ServerConfig
 from server.factory import create_app
-from tests.serving import ROOT, Server, tiny_env
+from tests.serving import ROOT, Server, one_slot, tiny_env  # noqa: F401 - one_slot: a shared fixture
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -48,15 +48,6 @@ def browser():
 @pytest.fixture(scope="module")
 def tiny(tiny_llama):
     s = Server(tiny_env(tiny_llama))
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def one_slot(default_model):
-    # the stand-in engine at 20 ms a step: a long reply takes seconds, and one slot is easy to fill
-    s = Server({"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": 20, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 1,
-                "ROSEFAST_SERVED_MODEL_NAME": "stand-in"})
     yield s
     s.stop()
 
