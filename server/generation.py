@@ -41,10 +41,7 @@ def admit(state, translate):
     """Read the body, translate it (`translate(body)` -> Generation), check and admit it: the Run, or an
     APIError (400 naming the client's field, 404 for another model, 429 when full, 503)."""
     t0 = time.perf_counter()
-    manager = ready_manager(state)
-    body = read_json_body()
-    gen = translate(body)
-    _check_model(state, gen)
+    manager, body, gen = _translated(state, translate)
     context_len = manager.max_model_len
     prompts = gen.prompts if gen.messages is None else \
         [chat_prompt(manager, gen.messages, gen.tools, gen.template_kwargs, gen.names.get("messages", "messages"))]
@@ -69,7 +66,7 @@ def admit(state, translate):
     except MANAGER_ERRORS as e:
         name = param_of(e)
         raise api_error(e, retry, gen.names.get(name, name) if name else
-                        ("messages" if gen.messages is not None else "prompt")) from None
+                        gen.names.get("messages", "messages") if gen.messages is not None else "prompt") from None
     echoes = [p if isinstance(p, str) else manager.tokenizer.decode(p) for p in prompts] \
         if gen.options.echo else None
     stop_watch = disconnect.watch(request.environ, lambda: manager.abort(rid))
@@ -84,17 +81,20 @@ def admit(state, translate):
 def count_prompt_tokens(state, translate):
     """The prompt's length in tokens as `admit` would run it (the same translation and template), without
     running it."""
-    manager = ready_manager(state)
-    gen = translate(read_json_body())
-    _check_model(state, gen)
+    manager, _, gen = _translated(state, translate)
     prompt = chat_prompt(manager, gen.messages, gen.tools, gen.template_kwargs, gen.names.get("messages", "messages"))
     return len(manager.tokenizer(prompt)["input_ids"])
 
 
-def _check_model(state, gen):
+def _translated(state, translate):
+    """(the serving core, the body, its Generation) once the server is ready and the body names no other model."""
+    manager = ready_manager(state)
+    body = read_json_body()
+    gen = translate(body)
     if gen.model is not None and gen.model != state.model_name:
         raise APIError(404, f"the model '{str(gen.model)[:200]}' does not exist; this server serves "
                             f"'{state.model_name}'", "not_found_error", "model", "model_not_found")
+    return manager, body, gen
 
 
 def chat_prompt(manager, messages, calls=None, template_kwargs=None, field="messages"):

@@ -166,13 +166,12 @@ class ResponsesWriter:
 
     def _response(self, status, usage=None, error=None, incomplete=None):
         b = self.request
-        tools = [t for t in b.get("tools") or []]
         return {"id": self.run.id, "object": "response", "created_at": self.created, "status": status,
                 "model": self.model, "output": list(self.output), "error": error,
                 "incomplete_details": incomplete, "instructions": b.get("instructions"),
                 "metadata": b.get("metadata") or {}, "parallel_tool_calls": b.get("parallel_tool_calls", True),
                 "temperature": b.get("temperature"), "top_p": b.get("top_p"),
-                "tool_choice": b.get("tool_choice", "auto"), "tools": tools,
+                "tool_choice": b.get("tool_choice", "auto"), "tools": b.get("tools") or [],
                 "max_output_tokens": b.get("max_output_tokens"), "store": False,
                 "text": b.get("text") or {"format": {"type": "text"}}, "usage": usage}
 

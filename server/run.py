@@ -90,9 +90,9 @@ class Run:
         else:
             choice.tokens += len(chunk.token_ids)
         first = not choice.started
-        prompt = index // self.options.n
         if first:
             choice.started = True
+            prompt = index // self.options.n
             self.prompt_tokens[prompt] = chunk.prompt_tokens or 0
             self.cached_tokens[prompt] = chunk.cached_tokens or 0
             echo = self.echoes[prompt] if self.echoes else None
@@ -102,7 +102,7 @@ class Run:
                     entries = (chunk.prompt_logprobs or []) + entries
         reason = None
         if chunk.finished:
-            reason = choice.reason = {"stop": "stop", "length": "length"}.get(chunk.finish_reason, chunk.finish_reason)
+            reason = choice.reason = chunk.finish_reason
             choice.stop_string = chunk.stop_string
         if self.log_text is not None:
             self.log_text.append(text)
