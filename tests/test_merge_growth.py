@@ -1,12 +1,13 @@
 """A merge must stay O(1) amortized: the cost per merge at a backlog of 16,384 chunks against 256, in one
 run, on both flavours. Linear is ~1x; a merge that rebuilds the ids, concatenates or re-joins the text, or
 re-sums the pieces measured 4.3x-17x here. The check fails above 4x and takes the best of several rounds
-of each depth, so a scheduling hiccup cannot fail it."""
+of each depth, so a scheduling hiccup cannot fail it (15: one CI run on a KVM EPYC got 162 against 35 ns as
+the best of 5, late in the suite; 3 runs alone gave well under 4x)."""
 import time
 
 from tests.conftest import load_flavour
 
-SHALLOW, DEEP, ROUNDS, LIMIT = 256, 16384, 5, 4.0
+SHALLOW, DEEP, ROUNDS, LIMIT = 256, 16384, 15, 4.0
 PIECE = " token" * 4   # 24 characters: a rebuilt string copies ~200 KB per merge at depth
 
 
