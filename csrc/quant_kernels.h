@@ -4,20 +4,34 @@
  *   x ~ sx (x1 + x2 / 254),  x1 = round(x / sx), x2 = round((x - sx x1) 254 / sx),  sx = max |x| / 127
  *
  * (one digit, llama.cpp's Q8 activations, is off by up to sx / 2: 1-3 % per linear on SmolLM2's activations,
- * enough to part greedy texts within a few tokens; two are off by sx / 508, finer than bf16). Per block g:
+ * enough to part greedy texts within a few tokens; two are off by sx / 508, finer than bf16). Per block g of 32
+ * inputs, a row's weights are integers q times a scale s, plus a min m where the format has one:
  *
- *   Q4_1: y[b, n] = sum_g d[n, g] sx[b, g] (q . x1 + q . x2 / 254) + m[n, g] sumx[b, g]    (q in 0..15)
- *   Q8_0: y[b, n] = sum_g d[n, g] sx[b, g] (q . x1 + q . x2 / 254)                        (q in -128..127)
+ *   y[b, n] = sum_g s[n, g] sx[b, g] (q . x1 + q . x2 / 254) + m[n, g] sumx[b, g]
  *
- * sumx is the group's exact sum. At batch 1 the weights' bytes bound the time; the second digit's products
- * cost nothing there.
+ *   format  q            s                          m                  bits a weight (file / tiles)
+ *   Q4_1    0..15        d                          m                  5 / 5       (Q4_0: m = -8 d)
+ *   Q5_1    0..31        d                          m                  6 / 6       (Q5_0: m = -16 d)
+ *   Q8_0    -128..127    d                          -                  8.5 / 8.5
+ *   Q4_K    0..15        d sc[g]                    -dmin mn[g]        4.5 / 4.625 (sc, mn 6-bit; d, dmin a 256)
+ *   Q5_K    0..31        d sc[g]                    -dmin mn[g]        5.5 / 5.625
+ *   Q6_K    0..63 - 32   d sc[h] per 16 inputs      -                  6.5625 / 6.5625
+ *
+ * sumx is the group's exact sum. The K formats' products d sc and dmin mn (fp16 times an integer under 2^8) are
+ * exact in fp32, so every format is served on the file's own numbers. At batch 1 the weights' bytes bound the
+ * time; the second digit's products cost nothing there.
  *
  * Weights are re-laid out once at load in tiles of 16 output rows (rosefast/models/quant_tiles.py) so that
  * one int32 lane of an integer dot product accumulates one row's whole block: for tile t and block g,
- *   Q4_1: 256 bytes, 4 chunks of 64; byte 4 j + b of chunk c holds row j's weight 8 c + b in its low nibble
- *         and 8 c + 4 + b in its high nibble; d and m fp16 [tiles, G, 16].
+ *   4-bit planes: 256 bytes, 4 chunks of 64; byte 4 j + b of chunk c holds row j's weight 8 c + b in its low
+ *         nibble and 8 c + 4 + b in its high nibble (so the 8 nibble vectors k = 0..7 hold weights 4 k + b);
+ *   then, for Q5_1/Q5_K one and for Q6_K two bit planes of 64 bytes: byte 4 j + b of plane p holds, in its bit
+ *         k, bit 4 + p of row j's weight 4 k + b;
  *   Q8_0: 512 bytes, 8 chunks of 64; byte 4 j + b of chunk i holds row j's weight 4 i + b, plus 128 (so the
- *         weights are the unsigned operand of vpdpbusd; the activations' integer sums undo the shift).
+ *         weights are the unsigned operand of vpdpbusd; the activations' integer sums undo the shift; Q6_K's
+ *         -32 is undone the same way, with the sums of each half block).
+ * The scales per tile, 16 rows innermost: d, m fp16 [G, 16] (Q4_1, Q5_1, Q8_0); d, dmin fp16 [G / 8, 16] and
+ * sc, mn uint8 [G, 16] (Q4_K, Q5_K); d fp16 [G / 8, 16] and sc int8 [2 G, 16] (Q6_K).
  * A block's result for 16 rows is then one vector (two on 256-bit ISAs): no horizontal sums, the scales loaded
  * as they lie.
  *
@@ -52,8 +66,52 @@
 enum { RF_TIER_SCALAR = 0, RF_TIER_AVX2 = 1, RF_TIER_AVXVNNI = 2, RF_TIER_AVX512VNNI = 3, RF_TIER_NEON = 4,
        RF_TIERS = 5 };
 
+/* the weights' formats (rosefast/models/quant_tiles.py's FORMATS order) */
+enum { RF_FMT_Q4_1 = 0, RF_FMT_Q8_0 = 1, RF_FMT_Q5_1 = 2, RF_FMT_Q4_K = 3, RF_FMT_Q5_K = 4, RF_FMT_Q6_K = 5,
+       RF_FMTS = 6 };
+#define RF_QPARTS 8       /* formats one linear may mix (a fused q|k|v of three types) */
+
+/* one linear's part: `n` output rows in one format, the tiles and scales as quant_tiles lays them out */
+typedef struct {
+    int fmt;
+    int64_t n;
+    const uint8_t *w;
+    const uint16_t *d, *m;     /* fp16: scale and min (per block), or d and dmin (per 256 inputs, K formats) */
+    const uint8_t *sc, *mn;    /* K formats: uint8 scale and min per block; Q6_K: int8 scale per 16 inputs */
+} rf_qweights;
+
+/* the activations' digits and sums, made once a call for every part */
+typedef struct {
+    const int8_t *x1, *x2;
+    const float *sx, *sumx;    /* [B, G] */
+    const int32_t *isum;       /* [B, 2, G]: the sums of x1 and of x2 per group */
+    const int32_t *ihalf;      /* [B, 2, G]: the same over each group's first 16 inputs (Q6_K) */
+    int64_t K, G;
+} rf_qacts;
+
+static inline int rf_q_block_bytes(int fmt) {
+    return fmt == RF_FMT_Q8_0 ? 512 : fmt == RF_FMT_Q6_K ? 384 : (fmt == RF_FMT_Q5_1 || fmt == RF_FMT_Q5_K) ? 320 : 256;
+}
+static inline int rf_q_planes(int fmt) {
+    return fmt == RF_FMT_Q6_K ? 2 : (fmt == RF_FMT_Q5_1 || fmt == RF_FMT_Q5_K) ? 1 : 0;
+}
+static inline int rf_q_kformat(int fmt) { return fmt == RF_FMT_Q4_K || fmt == RF_FMT_Q5_K || fmt == RF_FMT_Q6_K; }
+static inline int rf_q_has_min(int fmt) { return fmt != RF_FMT_Q8_0 && fmt != RF_FMT_Q6_K; }
+
+/* `q`'s tile t (of a layer with G blocks a row) */
+static inline rf_qweights rf_q_tile_of(const rf_qweights *q, int64_t t, int64_t G) {
+    rf_qweights r = *q;
+    int64_t per = rf_q_kformat(q->fmt) ? G / 8 : G;
+    r.w = q->w + t * G * rf_q_block_bytes(q->fmt);
+    r.d = q->d + t * per * RF_QROWS;
+    if (q->m) r.m = q->m + t * per * RF_QROWS;
+    if (q->sc) r.sc = q->sc + t * G * RF_QROWS * (q->fmt == RF_FMT_Q6_K ? 2 : 1);
+    if (q->mn) r.mn = q->mn + t * G * RF_QROWS;
+    return r;
+}
+
 static int64_t rf_quant_work_bytes(int64_t B, int64_t K) {
-    return 2 * ((B * K + 63) & ~(int64_t)63) + 4 * B * (K / RF_QG) * 4;
+    return 2 * ((B * K + 63) & ~(int64_t)63) + 4 * B * (K / RF_QG) * 6;
 }
 
 /* IEEE half -> float, portable (subnormals included) */
@@ -79,9 +137,10 @@ static inline int8_t rf_q_digit(float v) {
 }
 
 /* one row of x (fp32 or bf16) -> its two digits x1, x2 [K] int8, sx, sumx [K / 32]; isum [2, K / 32]: the sums
- * of x1 and of x2 per group. Portable; the digits clamped to -127..127 (the AVX2 sign trick negates them). */
+ * of x1 and of x2 per group; ihalf [2, K / 32]: the same over each group's first 16. Portable; the digits clamped
+ * to -127..127 (the AVX2 sign trick negates them). */
 static void rf_quantize_row_c(const void *x, int bf16, int64_t K, int8_t *x1, int8_t *x2, float *sx, float *sumx,
-                              int32_t *isum) {
+                              int32_t *isum, int32_t *ihalf) {
     int64_t G = K / RF_QG;
     for (int64_t g = 0; g < G; g++) {
         float v[RF_QG], amax = 0.f, sum = 0.f;
@@ -105,6 +164,10 @@ static void rf_quantize_row_c(const void *x, int bf16, int64_t K, int8_t *x1, in
             x2[g * RF_QG + i] = b;
             s1 += a;
             s2 += b;
+            if (i == RF_QG / 2 - 1) {
+                ihalf[g] = s1;
+                ihalf[G + g] = s2;
+            }
         }
         sx[g] = scale;
         sumx[g] = sum;
@@ -127,40 +190,69 @@ static inline void rf_q_store(void *y, int bf16, int64_t index, const float *v, 
     }
 }
 
-/* one tile of rows against activation rows b0 .. b0 + nb (nb <= RF_QB) -> out [nb, 16]: Q4_1 (m given) or Q8_0;
- * the portable reference (every tile function below has this signature) */
-static void rf_quant_tile_scalar(int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m, const int8_t *x1,
-                                 const int8_t *x2, const float *sx, const float *sumx, const int32_t *isum,
-                                 int64_t b0, int nb, int64_t K, int64_t G, float *out) {
-    (void)isum;
-    int16_t q[RF_QROWS][RF_QG];
-    float dj[RF_QROWS], mj[RF_QROWS];
+/* row j's 32 weights of a block as integers (Q6_K's less 32, Q8_0's less 128) */
+static inline void rf_q_weights_c(int fmt, const uint8_t *blk, int j, int16_t *q) {
+    int planes = rf_q_planes(fmt);
+    for (int i = 0; i < RF_QG; i++) {
+        if (fmt == RF_FMT_Q8_0) {
+            q[i] = (int16_t)((int)blk[64 * (i / 4) + 4 * j + i % 4] - 128);
+            continue;
+        }
+        uint8_t byte = blk[64 * (i / 8) + 4 * j + i % 4];
+        int v = i % 8 < 4 ? byte & 15 : byte >> 4;
+        for (int p = 0; p < planes; p++) v |= ((blk[256 + 64 * p + 4 * j + i % 4] >> (i / 4)) & 1) << (4 + p);
+        q[i] = (int16_t)(fmt == RF_FMT_Q6_K ? v - 32 : v);
+    }
+}
+
+/* row j's scales for block g: s over the block's first and second 16 inputs (equal but for Q6_K), the min */
+static inline void rf_q_scales_c(const rf_qweights *q, int64_t g, int j, float *sa, float *sb, float *mj) {
+    int fmt = q->fmt;
+    if (!rf_q_kformat(fmt)) {
+        *sa = *sb = rf_q_half(q->d[g * RF_QROWS + j]);
+        *mj = fmt == RF_FMT_Q8_0 ? 0.f : rf_q_half(q->m[g * RF_QROWS + j]);
+        return;
+    }
+    float d = rf_q_half(q->d[(g / 8) * RF_QROWS + j]);
+    if (fmt == RF_FMT_Q6_K) {
+        *sa = d * (float)(int8_t)q->sc[2 * g * RF_QROWS + j];
+        *sb = d * (float)(int8_t)q->sc[(2 * g + 1) * RF_QROWS + j];
+        *mj = 0.f;
+    } else {
+        *sa = *sb = d * (float)q->sc[g * RF_QROWS + j];
+        *mj = -(rf_q_half(q->m[(g / 8) * RF_QROWS + j]) * (float)q->mn[g * RF_QROWS + j]);
+    }
+}
+
+/* one tile of rows (q: the tile's own pointers) against activation rows b0 .. b0 + nb (nb <= RF_QB) -> out
+ * [nb, 16]; the portable reference (every tile function below has this signature) */
+static void rf_quant_tile_scalar(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) {
+    int16_t w[RF_QROWS][RF_QG];
+    float sa[RF_QROWS], sb[RF_QROWS], mj[RF_QROWS];
+    int64_t K = a->K, G = a->G, bytes = rf_q_block_bytes(q->fmt);
+    int halves = q->fmt == RF_FMT_Q6_K;
     for (int i = 0; i < nb * RF_QROWS; i++) out[i] = 0.f;
     for (int64_t g = 0; g < G; g++) {
-        const uint8_t *blk = w + g * (q8 ? 512 : 256);
         for (int j = 0; j < RF_QROWS; j++) {
-            for (int i = 0; i < RF_QG; i++) {
-                if (q8) {
-                    q[j][i] = (int16_t)((int)blk[64 * (i / 4) + 4 * j + i % 4] - 128);
-                } else {
-                    uint8_t byte = blk[64 * (i / 8) + 4 * j + i % 4];
-                    q[j][i] = (int16_t)(i % 8 < 4 ? byte & 15 : byte >> 4);
-                }
-            }
-            dj[j] = rf_q_half(d[g * RF_QROWS + j]);
-            mj[j] = q8 ? 0.f : rf_q_half(m[g * RF_QROWS + j]);
+            rf_q_weights_c(q->fmt, q->w + g * bytes, j, w[j]);
+            rf_q_scales_c(q, g, j, &sa[j], &sb[j], &mj[j]);
         }
         for (int bb = 0; bb < nb; bb++) {
-            const int8_t *a1 = x1 + (b0 + bb) * K + g * RF_QG, *a2 = x2 + (b0 + bb) * K + g * RF_QG;
-            float s = sx[(b0 + bb) * G + g], sum = sumx[(b0 + bb) * G + g];
+            const int8_t *a1 = a->x1 + (b0 + bb) * K + g * RF_QG, *a2 = a->x2 + (b0 + bb) * K + g * RF_QG;
+            float s = a->sx[(b0 + bb) * G + g], sum = a->sumx[(b0 + bb) * G + g];
             for (int j = 0; j < RF_QROWS; j++) {
-                int32_t s1 = 0, s2 = 0;
+                int32_t s1[2] = {0, 0}, s2[2] = {0, 0};
                 for (int i = 0; i < RF_QG; i++) {
-                    s1 += q[j][i] * a1[i];
-                    s2 += q[j][i] * a2[i];
+                    s1[i >= RF_QG / 2] += w[j][i] * a1[i];
+                    s2[i >= RF_QG / 2] += w[j][i] * a2[i];
                 }
-                float dot = (float)s1 + (float)s2 * (1.f / 254.f);
-                out[bb * RF_QROWS + j] += dot * (dj[j] * s) + mj[j] * sum;
+                if (halves) {
+                    float da = (float)s1[0] + (float)s2[0] * (1.f / 254.f), db = (float)s1[1] + (float)s2[1] * (1.f / 254.f);
+                    out[bb * RF_QROWS + j] += da * (sa[j] * s) + db * (sb[j] * s);
+                } else {
+                    float dot = (float)(s1[0] + s1[1]) + (float)(s2[0] + s2[1]) * (1.f / 254.f);
+                    out[bb * RF_QROWS + j] += dot * (sa[j] * s) + mj[j] * sum;
+                }
             }
         }
     }
@@ -182,7 +274,7 @@ static int rf_cpu_has_avx512vnni(void) {
 /* one row of x (fp32 or bf16) -> its two digits x1, x2 [K] int8, sx, sumx [K / 32]; isum [2, K / 32]: the sums
  * of x1 and of x2 per group */
 RF_VNNI static void rf_quantize_row_avx512(const void *x, int bf16, int64_t K, int8_t *x1, int8_t *x2, float *sx,
-                                    float *sumx, int32_t *isum) {
+                                    float *sumx, int32_t *isum, int32_t *ihalf) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
     int64_t G = K / RF_QG;
     for (int64_t g = 0; g < G; g++) {
@@ -208,6 +300,10 @@ RF_VNNI static void rf_quantize_row_avx512(const void *x, int bf16, int64_t K, i
             s2 = _mm512_add_epi32(s2, b);
             _mm_storeu_si128((__m128i *)(x1 + g * RF_QG + 16 * h), _mm512_cvtsepi32_epi8(a));
             _mm_storeu_si128((__m128i *)(x2 + g * RF_QG + 16 * h), _mm512_cvtsepi32_epi8(b));
+            if (h == 0) {
+                ihalf[g] = _mm512_reduce_add_epi32(s1);
+                ihalf[G + g] = _mm512_reduce_add_epi32(s2);
+            }
         }
         isum[g] = _mm512_reduce_add_epi32(s1);
         isum[G + g] = _mm512_reduce_add_epi32(s2);
@@ -216,61 +312,124 @@ RF_VNNI static void rf_quantize_row_avx512(const void *x, int bf16, int64_t K, i
 
 #define RF_XB(xs, bb, i) _mm512_set1_epi32(((const int32_t *)(xs + (b0 + (bb)) * K + g * RF_QG))[i])
 
-/* the 8 products of a block's 4 weight chunks (lo/hi nibbles, or 8 bytes) with one digit of an activation row */
-#define RF_DOT8(acc, w, xs, bb) do {                                                                        \
-        __m512i u_ = _mm512_dpbusd_epi32(acc, w[0], RF_XB(xs, bb, 0));                                     \
-        __m512i v_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], RF_XB(xs, bb, 1));                 \
-        u_ = _mm512_dpbusd_epi32(u_, w[2], RF_XB(xs, bb, 2));                                             \
-        v_ = _mm512_dpbusd_epi32(v_, w[3], RF_XB(xs, bb, 3));                                             \
-        u_ = _mm512_dpbusd_epi32(u_, w[4], RF_XB(xs, bb, 4));                                             \
-        v_ = _mm512_dpbusd_epi32(v_, w[5], RF_XB(xs, bb, 5));                                             \
-        u_ = _mm512_dpbusd_epi32(u_, w[6], RF_XB(xs, bb, 6));                                             \
-        v_ = _mm512_dpbusd_epi32(v_, w[7], RF_XB(xs, bb, 7));                                             \
+/* acc + the 4 products of weight vectors w[o .. o + 3] with words o .. o + 3 of one digit of an activation row */
+#define RF_DOT4(acc, w, xs, bb, o) do {                                                                     \
+        __m512i u_ = _mm512_dpbusd_epi32(acc, w[o], RF_XB(xs, bb, o));                                     \
+        __m512i v_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[o + 1], RF_XB(xs, bb, o + 1));         \
+        u_ = _mm512_dpbusd_epi32(u_, w[o + 2], RF_XB(xs, bb, o + 2));                                     \
+        v_ = _mm512_dpbusd_epi32(v_, w[o + 3], RF_XB(xs, bb, o + 3));                                     \
         acc = _mm512_add_epi32(u_, v_);                                                                     \
     } while (0)
 
-/* one tile of rows against activation rows b0 .. b0 + nb (nb <= RF_QB) -> acc[bb] (16 rows each): Q4_1 (m
- * given) or Q8_0 (stored + 128: the activations' integer sums undo the shift) */
-RF_VNNI static void rf_quant_tile_avx512(int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m,
-                                         const int8_t *x1, const int8_t *x2, const float *sx, const float *sumx,
-                                         const int32_t *isum, int64_t b0, int nb, int64_t K, int64_t G,
-                                         float *out) {
-    __m512 acc[RF_QB];
+/* the 8 products of a block's 8 weight vectors (lo/hi nibbles, or 8 bytes) with one digit of an activation row */
+#define RF_DOT8(acc, w, xs, bb) do {                                                                        \
+        __m512i h_ = _mm512_setzero_si512();                                                                \
+        RF_DOT4(acc, w, xs, bb, 0);                                                                         \
+        RF_DOT4(h_, w, xs, bb, 4);                                                                          \
+        acc = _mm512_add_epi32(acc, h_);                                                                    \
+    } while (0)
+
+/* a block's weight vectors c[k] (weights 4 k + b of each row): nibbles, then the bit planes OR'ed in above them
+ * (plane p's byte holds bit 4 + p of weight 4 k + b in its bit k: shifted down k, then up to bit 4 + p) */
+RF_VNNI static inline void rf_q_load_avx512(int fmt, const uint8_t *blk, __m512i *c) {
     const __m512i low = _mm512_set1_epi8(0x0F);
+    if (fmt == RF_FMT_Q8_0) {
+        for (int i = 0; i < 8; i++) c[i] = _mm512_loadu_si512((const void *)(blk + 64 * i));
+        return;
+    }
+    for (int i = 0; i < 4; i++) {
+        __m512i raw = _mm512_loadu_si512((const void *)(blk + 64 * i));
+        c[2 * i] = _mm512_and_si512(raw, low);
+        c[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+    }
+    int planes = rf_q_planes(fmt);
+    for (int p = 0; p < planes; p++) {
+        __m512i cur = _mm512_loadu_si512((const void *)(blk + 256 + 64 * p));
+        const __m512i bit = _mm512_set1_epi8((char)(0x10 << p));
+        for (int k = 0; k < 8; k++) {
+            __m512i up = p ? _mm512_slli_epi16(cur, 5) : _mm512_slli_epi16(cur, 4);
+            c[k] = _mm512_or_si512(c[k], _mm512_and_si512(up, bit));
+            cur = _mm512_srli_epi16(cur, 1);
+        }
+    }
+}
+
+/* a block's scales for 16 rows: over its first and second 16 inputs (equal but for Q6_K), and its min */
+RF_VNNI static inline void rf_q_scales_avx512(const rf_qweights *q, int64_t g, __m512 *sa, __m512 *sb, __m512 *mv) {
+    int fmt = q->fmt;
+    if (!rf_q_kformat(fmt)) {
+        *sa = *sb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q->d + g * RF_QROWS)));
+        *mv = fmt == RF_FMT_Q8_0 ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q->m + g * RF_QROWS)));
+        return;
+    }
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q->d + (g / 8) * RF_QROWS)));
+    if (fmt == RF_FMT_Q6_K) {
+        const __m128i *s = (const __m128i *)(q->sc + 2 * g * RF_QROWS);
+        *sa = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(s))));
+        *sb = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(s + 1))));
+        *mv = _mm512_setzero_ps();
+        return;
+    }
+    *sa = *sb = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q->sc + g * RF_QROWS)))));
+    __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q->m + (g / 8) * RF_QROWS)));
+    *mv = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+        _mm_loadu_si128((const __m128i *)(q->mn + g * RF_QROWS))))));
+}
+
+/* one tile of rows against activation rows b0 .. b0 + nb (nb <= RF_QB) -> out [nb, 16] (see the scalar tile);
+ * Q8_0's + 128 and Q6_K's - 32 undone by the activations' integer sums */
+RF_VNNI static void rf_quant_tile_avx512(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) {
+    __m512 acc[RF_QB];
+    const int fmt = q->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, q8 = fmt == RF_FMT_Q8_0;
+    const int has_min = rf_q_has_min(fmt), per_block = !rf_q_kformat(fmt);
+    const int8_t *x1 = a->x1, *x2 = a->x2;
+    const int64_t K = a->K, G = a->G;
     const __m512 inv254 = _mm512_set1_ps(1.f / 254.f);
     for (int bb = 0; bb < nb; bb++) acc[bb] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m512i c[8];
+        __m512 sa, sb, mv;
         /* the hardware's prefetch alone left the weights' stream at ~60 % of the machine's read bandwidth */
-        for (int i = 0; i < (q8 ? 8 : 4); i++)
-            _mm_prefetch((const char *)w + g * (q8 ? 512 : 256) + RF_Q_PREFETCH + 64 * i, _MM_HINT_T0);
-        _mm_prefetch((const char *)(d + g * RF_QROWS) + RF_Q_PREFETCH / 8, _MM_HINT_T0);
-        if (!q8) _mm_prefetch((const char *)(m + g * RF_QROWS) + RF_Q_PREFETCH / 8, _MM_HINT_T0);
-        if (q8) {
-            for (int i = 0; i < 8; i++) c[i] = _mm512_loadu_si512((const void *)(w + g * 512 + 64 * i));
+        for (int i = 0; i < bytes / 64; i++)
+            _mm_prefetch((const char *)q->w + g * bytes + RF_Q_PREFETCH + 64 * i, _MM_HINT_T0);
+        if (per_block) {
+            _mm_prefetch((const char *)(q->d + g * RF_QROWS) + RF_Q_PREFETCH / 8, _MM_HINT_T0);
+            if (has_min) _mm_prefetch((const char *)(q->m + g * RF_QROWS) + RF_Q_PREFETCH / 8, _MM_HINT_T0);
         } else {
-            for (int i = 0; i < 4; i++) {
-                __m512i raw = _mm512_loadu_si512((const void *)(w + g * 256 + 64 * i));
-                c[2 * i] = _mm512_and_si512(raw, low);
-                c[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-            }
+            _mm_prefetch((const char *)(q->sc + g * RF_QROWS * (q6 ? 2 : 1)) + RF_Q_PREFETCH / 8, _MM_HINT_T0);
         }
-        __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + g * RF_QROWS)));
-        __m512 mv = q8 ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + g * RF_QROWS)));
+        rf_q_load_avx512(fmt, q->w + g * bytes, c);
+        rf_q_scales_avx512(q, g, &sa, &sb, &mv);
         for (int bb = 0; bb < nb; bb++) {
             int64_t sg = (b0 + bb) * G + g;
-            __m512i s = q8 ? _mm512_set1_epi32(-128 * isum[(b0 + bb) * 2 * G + g]) : _mm512_setzero_si512();
-            __m512i t = q8 ? _mm512_set1_epi32(-128 * isum[(b0 + bb) * 2 * G + G + g]) : _mm512_setzero_si512();
+            const int32_t *is = a->isum + (b0 + bb) * 2 * G + g, *ih = a->ihalf + (b0 + bb) * 2 * G + g;
+            __m512 sxv = _mm512_set1_ps(a->sx[sg]);
+            if (q6) {
+                __m512i s0 = _mm512_set1_epi32(-32 * ih[0]), s1 = _mm512_set1_epi32(-32 * (is[0] - ih[0]));
+                __m512i t0 = _mm512_set1_epi32(-32 * ih[G]), t1 = _mm512_set1_epi32(-32 * (is[G] - ih[G]));
+                RF_DOT4(s0, c, x1, bb, 0);
+                RF_DOT4(s1, c, x1, bb, 4);
+                RF_DOT4(t0, c, x2, bb, 0);
+                RF_DOT4(t1, c, x2, bb, 4);
+                __m512 d0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t0), inv254, _mm512_cvtepi32_ps(s0));
+                __m512 d1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1), inv254, _mm512_cvtepi32_ps(s1));
+                acc[bb] = _mm512_fmadd_ps(d0, _mm512_mul_ps(sa, sxv), acc[bb]);
+                acc[bb] = _mm512_fmadd_ps(d1, _mm512_mul_ps(sb, sxv), acc[bb]);
+                continue;
+            }
+            __m512i s = q8 ? _mm512_set1_epi32(-128 * is[0]) : _mm512_setzero_si512();
+            __m512i t = q8 ? _mm512_set1_epi32(-128 * is[G]) : _mm512_setzero_si512();
             RF_DOT8(s, c, x1, bb);
             RF_DOT8(t, c, x2, bb);
             __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), inv254, _mm512_cvtepi32_ps(s));
-            acc[bb] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dv, _mm512_set1_ps(sx[sg])), acc[bb]);
-            if (!q8) acc[bb] = _mm512_fmadd_ps(mv, _mm512_set1_ps(sumx[sg]), acc[bb]);
+            acc[bb] = _mm512_fmadd_ps(dot, _mm512_mul_ps(sa, sxv), acc[bb]);
+            if (has_min) acc[bb] = _mm512_fmadd_ps(mv, _mm512_set1_ps(a->sumx[sg]), acc[bb]);
         }
     }
     for (int bb = 0; bb < nb; bb++) _mm512_storeu_ps(out + bb * RF_QROWS, acc[bb]);
 }
 #undef RF_DOT8
+#undef RF_DOT4
 #undef RF_XB
 
 #define RF_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -291,27 +450,32 @@ static int rf_cpu_has_avxvnni(void) {
 
 /* the portable digits, compiled for AVX2 (rintf becomes vroundps) */
 RF_AVX2 static void rf_quantize_row_avx2(const void *x, int bf16, int64_t K, int8_t *x1, int8_t *x2, float *sx,
-                                         float *sumx, int32_t *isum) {
-    rf_quantize_row_c(x, bf16, K, x1, x2, sx, sumx, isum);
+                                         float *sumx, int32_t *isum, int32_t *ihalf) {
+    rf_quantize_row_c(x, bf16, K, x1, x2, sx, sumx, isum, ihalf);
 }
 
-/* s + the products of one digit's block (xw: its 8 words of 4 bytes) with a tile half's 8 weight vectors c, one
- * row per int32 lane */
-RF_AVXVNNI static inline __m256i rf_dot8_avxvnni(__m256i s, const __m256i *c, const int32_t *xw) {
-    __m256i u = _mm256_dpbusd_avx_epi32(s, c[0], _mm256_set1_epi32(xw[0]));
-    __m256i v = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), c[1], _mm256_set1_epi32(xw[1]));
-    for (int k = 2; k < 8; k += 2) {
-        u = _mm256_dpbusd_avx_epi32(u, c[k], _mm256_set1_epi32(xw[k]));
+/* s + the products of weight vectors c[0 .. n) (one tile half's) with one digit's words xw[0 .. n), one row per
+ * int32 lane */
+RF_AVXVNNI static inline __m256i rf_dot_avxvnni(__m256i s, const __m256i *c, const int32_t *xw, int n) {
+    __m256i v = _mm256_setzero_si256();
+    for (int k = 0; k < n; k += 2) {
+        s = _mm256_dpbusd_avx_epi32(s, c[k], _mm256_set1_epi32(xw[k]));
         v = _mm256_dpbusd_avx_epi32(v, c[k + 1], _mm256_set1_epi32(xw[k + 1]));
     }
-    return _mm256_add_epi32(u, v);
+    return _mm256_add_epi32(s, v);
 }
 
-/* AVX2, Q4_1 (weights 0..15): eight vpmaddubsw summed in int16, |sum| <= 8 x 2 x 15 x 127 = 30480 */
-RF_AVX2 static inline __m256i rf_dot8_avx2_q4(const __m256i *c, const int32_t *xw) {
-    __m256i p = _mm256_maddubs_epi16(c[0], _mm256_set1_epi32(xw[0]));
-    for (int k = 1; k < 8; k++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(c[k], _mm256_set1_epi32(xw[k])));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+/* AVX2, unsigned weights under 2^bits: vpmaddubsw products summed in int16 `per` at a time before vpmaddwd,
+ * so no sum passes 32767: a pair is at most 2 x 15 x 127 = 3810 (4 bits, 8 summed: 30480), 7874 (5 bits, 4:
+ * 31496), 16002 (6 bits, 2: 32004) */
+RF_AVX2 static inline __m256i rf_dot_avx2_u(__m256i s, const __m256i *c, const int32_t *xw, int n, int per) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int k0 = 0; k0 < n; k0 += per) {
+        __m256i p = _mm256_maddubs_epi16(c[k0], _mm256_set1_epi32(xw[k0]));
+        for (int k = k0 + 1; k < k0 + per; k++) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(c[k], _mm256_set1_epi32(xw[k])));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+    }
+    return s;
 }
 
 /* AVX2, Q8_0 (c: the signed weights, a = |c|): |w| is the unsigned operand and x takes w's sign, so a pair is at
@@ -325,63 +489,119 @@ RF_AVX2 static inline __m256i rf_dot8_avx2_q8(const __m256i *a, const __m256i *c
     return s;
 }
 
+/* a tile half's (rows 8 h .. 8 h + 7) weight vectors of a block, as rf_q_load_avx512's */
+RF_AVX2 static inline void rf_q_load_avx2(int fmt, const uint8_t *blk, int h, __m256i *c) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    if (fmt == RF_FMT_Q8_0) {
+        for (int i = 0; i < 8; i++) c[i] = _mm256_loadu_si256((const __m256i *)(blk + 64 * i + 32 * h));
+        return;
+    }
+    for (int i = 0; i < 4; i++) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 64 * i + 32 * h));
+        c[2 * i] = _mm256_and_si256(raw, low);
+        c[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+    }
+    int planes = rf_q_planes(fmt);
+    for (int p = 0; p < planes; p++) {
+        __m256i cur = _mm256_loadu_si256((const __m256i *)(blk + 256 + 64 * p + 32 * h));
+        const __m256i bit = _mm256_set1_epi8((char)(0x10 << p));
+        for (int k = 0; k < 8; k++) {
+            __m256i up = p ? _mm256_slli_epi16(cur, 5) : _mm256_slli_epi16(cur, 4);
+            c[k] = _mm256_or_si256(c[k], _mm256_and_si256(up, bit));
+            cur = _mm256_srli_epi16(cur, 1);
+        }
+    }
+}
+
+RF_AVX2 static inline __m256 rf_q_half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+RF_AVX2 static inline __m256 rf_q_u8x8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+RF_AVX2 static inline __m256 rf_q_i8x8(const uint8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* a tile half's scales for a block, as rf_q_scales_avx512's */
+RF_AVX2 static inline void rf_q_scales_avx2(const rf_qweights *q, int64_t g, int h, __m256 *sa, __m256 *sb, __m256 *mv) {
+    int fmt = q->fmt, r = 8 * h;
+    if (!rf_q_kformat(fmt)) {
+        *sa = *sb = rf_q_half8(q->d + g * RF_QROWS + r);
+        *mv = fmt == RF_FMT_Q8_0 ? _mm256_setzero_ps() : rf_q_half8(q->m + g * RF_QROWS + r);
+        return;
+    }
+    __m256 d = rf_q_half8(q->d + (g / 8) * RF_QROWS + r);
+    if (fmt == RF_FMT_Q6_K) {
+        *sa = _mm256_mul_ps(d, rf_q_i8x8(q->sc + 2 * g * RF_QROWS + r));
+        *sb = _mm256_mul_ps(d, rf_q_i8x8(q->sc + (2 * g + 1) * RF_QROWS + r));
+        *mv = _mm256_setzero_ps();
+        return;
+    }
+    *sa = *sb = _mm256_mul_ps(d, rf_q_u8x8(q->sc + g * RF_QROWS + r));
+    *mv = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(rf_q_half8(q->m + (g / 8) * RF_QROWS + r),
+                                                           rf_q_u8x8(q->mn + g * RF_QROWS + r)));
+}
+
 #define RF_SIGNED_avx2 1      /* Q8_0 weights back to signed for the sign trick */
 #define RF_SIGNED_avxvnni 0   /* kept + 128: vpdpbusd's unsigned operand, the activations' sums undo it */
-#define RF_DOTS_avxvnni(s, t) do {                                                                          \
-        const int32_t *i_ = isum + (b0 + bb) * 2 * G + g;                                                    \
-        s = rf_dot8_avxvnni(q8 ? _mm256_set1_epi32(-128 * i_[0]) : _mm256_setzero_si256(), c, w1);          \
-        t = rf_dot8_avxvnni(q8 ? _mm256_set1_epi32(-128 * i_[G]) : _mm256_setzero_si256(), c, w2);          \
+/* s, t: a digit's products over weight vectors o .. o + n, started from s0, t0 */
+#define RF_DOTS_avxvnni(s, t, s0, t0, o, n) do {                                                            \
+        s = rf_dot_avxvnni(s0, c + o, w1 + o, n);                                                           \
+        t = rf_dot_avxvnni(t0, c + o, w2 + o, n);                                                           \
     } while (0)
-#define RF_DOTS_avx2(s, t) do {                                                                             \
-        if (q8) { s = rf_dot8_avx2_q8(a, c, w1); t = rf_dot8_avx2_q8(a, c, w2); }                           \
-        else { s = rf_dot8_avx2_q4(c, w1); t = rf_dot8_avx2_q4(c, w2); }                                    \
+#define RF_DOTS_avx2(s, t, s0, t0, o, n) do {                                                               \
+        if (q8) { s = rf_dot8_avx2_q8(a8, c, w1); t = rf_dot8_avx2_q8(a8, c, w2); }                         \
+        else { s = rf_dot_avx2_u(s0, c + o, w1 + o, n, per); t = rf_dot_avx2_u(t0, c + o, w2 + o, n, per); } \
     } while (0)
 
 /* the tile on 256-bit vectors: rows 0-7 and 8-15 of each block are two halves (see the scalar tile) */
 #define RF_DEFINE_TILE256(V, ATTR)                                                                          \
-ATTR static void rf_quant_tile_##V(int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m,          \
-                                   const int8_t *x1, const int8_t *x2, const float *sx, const float *sumx,  \
-                                   const int32_t *isum, int64_t b0, int nb, int64_t K, int64_t G,           \
-                                   float *out) {                                                            \
-    const __m256i low = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);                       \
+ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) { \
+    const __m256i flip = _mm256_set1_epi8((char)0x80);                                                     \
     const __m256 inv254 = _mm256_set1_ps(1.f / 254.f);                                                      \
+    const int fmt = q->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, q8 = fmt == RF_FMT_Q8_0;\
+    const int has_min = rf_q_has_min(fmt), per = 8 >> rf_q_planes(fmt);                                    \
+    const int64_t K = a->K, G = a->G;                                                                       \
     __m256 acc[RF_QB][2];                                                                                   \
+    (void)per;                                                                                              \
     for (int bb = 0; bb < nb; bb++) acc[bb][0] = acc[bb][1] = _mm256_setzero_ps();                         \
     for (int64_t g = 0; g < G; g++) {                                                                       \
-        for (int i = 0; i < (q8 ? 8 : 4); i++)                                                              \
-            _mm_prefetch((const char *)w + g * (q8 ? 512 : 256) + RF_Q_PREFETCH + 64 * i, _MM_HINT_T0);    \
-        _mm_prefetch((const char *)(d + g * RF_QROWS) + RF_Q_PREFETCH / 8, _MM_HINT_T0);                   \
-        if (!q8) _mm_prefetch((const char *)(m + g * RF_QROWS) + RF_Q_PREFETCH / 8, _MM_HINT_T0);          \
+        for (int i = 0; i < bytes / 64; i++)                                                                \
+            _mm_prefetch((const char *)q->w + g * bytes + RF_Q_PREFETCH + 64 * i, _MM_HINT_T0);            \
         for (int h = 0; h < 2; h++) {                                                                       \
-            __m256i c[8], a[8];                                                                             \
-            if (q8) {                                                                                       \
+            __m256i c[8], a8[8];                                                                            \
+            __m256 sa, sb, mv;                                                                              \
+            rf_q_load_avx2(fmt, q->w + g * bytes, h, c);                                                    \
+            if (q8 && RF_SIGNED_##V)                                                                        \
                 for (int i = 0; i < 8; i++) {                                                               \
-                    c[i] = _mm256_loadu_si256((const __m256i *)(w + g * 512 + 64 * i + 32 * h));           \
-                    if (RF_SIGNED_##V) {                                                                    \
-                        c[i] = _mm256_xor_si256(c[i], flip);                                                \
-                        a[i] = _mm256_sign_epi8(c[i], c[i]);                                                \
-                    }                                                                                       \
+                    c[i] = _mm256_xor_si256(c[i], flip);                                                    \
+                    a8[i] = _mm256_sign_epi8(c[i], c[i]);                                                   \
                 }                                                                                           \
-            } else {                                                                                        \
-                for (int i = 0; i < 4; i++) {                                                               \
-                    __m256i raw = _mm256_loadu_si256((const __m256i *)(w + g * 256 + 64 * i + 32 * h));    \
-                    c[2 * i] = _mm256_and_si256(raw, low);                                                  \
-                    c[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);                        \
-                }                                                                                           \
-            }                                                                                               \
-            (void)a;                                                                                        \
-            __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + g * RF_QROWS + 8 * h)));    \
-            __m256 mv = q8 ? _mm256_setzero_ps()                                                            \
-                           : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + g * RF_QROWS + 8 * h))); \
+            (void)a8;                                                                                       \
+            rf_q_scales_avx2(q, g, h, &sa, &sb, &mv);                                                       \
             for (int bb = 0; bb < nb; bb++) {                                                               \
                 int64_t sg = (b0 + bb) * G + g;                                                             \
-                const int32_t *w1 = (const int32_t *)(x1 + (b0 + bb) * K + g * RF_QG);                     \
-                const int32_t *w2 = (const int32_t *)(x2 + (b0 + bb) * K + g * RF_QG);                     \
+                const int32_t *w1 = (const int32_t *)(a->x1 + (b0 + bb) * K + g * RF_QG);                  \
+                const int32_t *w2 = (const int32_t *)(a->x2 + (b0 + bb) * K + g * RF_QG);                  \
+                const int32_t *is = a->isum + (b0 + bb) * 2 * G + g, *ih = a->ihalf + (b0 + bb) * 2 * G + g; \
+                __m256 sxv = _mm256_set1_ps(a->sx[sg]);                                                     \
                 __m256i s, t;                                                                               \
-                RF_DOTS_##V(s, t);                                                                          \
+                if (q6) {                                                                                   \
+                    __m256i s1, t1;                                                                         \
+                    RF_DOTS_##V(s, t, _mm256_set1_epi32(-32 * ih[0]), _mm256_set1_epi32(-32 * ih[G]), 0, 4); \
+                    RF_DOTS_##V(s1, t1, _mm256_set1_epi32(-32 * (is[0] - ih[0])),                           \
+                                _mm256_set1_epi32(-32 * (is[G] - ih[G])), 4, 4);                            \
+                    __m256 d0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), inv254, _mm256_cvtepi32_ps(s));     \
+                    __m256 d1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t1), inv254, _mm256_cvtepi32_ps(s1));   \
+                    acc[bb][h] = _mm256_fmadd_ps(d0, _mm256_mul_ps(sa, sxv), acc[bb][h]);                  \
+                    acc[bb][h] = _mm256_fmadd_ps(d1, _mm256_mul_ps(sb, sxv), acc[bb][h]);                  \
+                    continue;                                                                               \
+                }                                                                                           \
+                __m256i s0 = q8 && !RF_SIGNED_##V ? _mm256_set1_epi32(-128 * is[0]) : _mm256_setzero_si256(); \
+                __m256i t0 = q8 && !RF_SIGNED_##V ? _mm256_set1_epi32(-128 * is[G]) : _mm256_setzero_si256(); \
+                RF_DOTS_##V(s, t, s0, t0, 0, 8);                                                            \
                 __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), inv254, _mm256_cvtepi32_ps(s));        \
-                acc[bb][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(sx[sg])), acc[bb][h]);  \
-                if (!q8) acc[bb][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sumx[sg]), acc[bb][h]);           \
+                acc[bb][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sa, sxv), acc[bb][h]);                     \
+                if (has_min) acc[bb][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(a->sumx[sg]), acc[bb][h]);    \
             }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
@@ -415,69 +635,112 @@ static int rf_cpu_has_dotprod(void) {
     return known;
 }
 
-/* the 8 products of one digit's block (xa, xb: its 32 bytes) with a tile quarter's 8 weight vectors, one row per
- * int32 lane: sdot by element broadcasts the block's word k (lane k % 4 of xa or xb) */
-#define RF_SDOT8(c, xa, xb) ({                                                                              \
-        int32x4_t u_ = vdotq_laneq_s32(vdupq_n_s32(0), c[0], xa, 0);                                       \
-        int32x4_t v_ = vdotq_laneq_s32(vdupq_n_s32(0), c[1], xa, 1);                                       \
-        u_ = vdotq_laneq_s32(u_, c[2], xa, 2);                                                              \
-        v_ = vdotq_laneq_s32(v_, c[3], xa, 3);                                                              \
-        u_ = vdotq_laneq_s32(u_, c[4], xb, 0);                                                              \
-        v_ = vdotq_laneq_s32(v_, c[5], xb, 1);                                                              \
-        u_ = vdotq_laneq_s32(u_, c[6], xb, 2);                                                              \
-        v_ = vdotq_laneq_s32(v_, c[7], xb, 3);                                                              \
+/* the 4 products of weight vectors c[o .. o + 3] with the 4 words of xv (16 bytes of one digit's block), one
+ * row per int32 lane: sdot by element broadcasts word k */
+#define RF_SDOT4(c, o, xv) ({                                                                               \
+        int32x4_t u_ = vdotq_laneq_s32(vdupq_n_s32(0), c[o], xv, 0);                                       \
+        int32x4_t v_ = vdotq_laneq_s32(vdupq_n_s32(0), c[o + 1], xv, 1);                                   \
+        u_ = vdotq_laneq_s32(u_, c[o + 2], xv, 2);                                                          \
+        v_ = vdotq_laneq_s32(v_, c[o + 3], xv, 3);                                                          \
         vaddq_s32(u_, v_);                                                                                  \
     })
 
-/* the tile on 128-bit vectors: each block's 16 rows as four quarters of 4 rows (see the scalar tile); sdot is
- * signed x signed, so Q8_0's weights are taken back to signed (x ^ 0x80) and need no correction */
-RF_DOTPROD static void rf_quant_tile_neon(int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m,
-                                          const int8_t *x1, const int8_t *x2, const float *sx, const float *sumx,
-                                          const int32_t *isum, int64_t b0, int nb, int64_t K, int64_t G,
-                                          float *out) {
-    (void)isum;
+/* a tile quarter's (rows 4 q .. 4 q + 3) weight vectors of a block, signed: Q8_0's + 128 and Q6_K's - 32 taken
+ * off here (sdot is signed x signed), the bit planes as rf_q_load_avx512's */
+RF_DOTPROD static inline void rf_q_load_neon(int fmt, const uint8_t *blk, int q, int8x16_t *c) {
     const uint8x16_t low = vdupq_n_u8(0x0F), flip = vdupq_n_u8(0x80);
+    uint8x16_t u[8];
+    if (fmt == RF_FMT_Q8_0) {
+        for (int i = 0; i < 8; i++) c[i] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(blk + 64 * i + 16 * q), flip));
+        return;
+    }
+    for (int i = 0; i < 4; i++) {
+        uint8x16_t raw = vld1q_u8(blk + 64 * i + 16 * q);
+        u[2 * i] = vandq_u8(raw, low);
+        u[2 * i + 1] = vshrq_n_u8(raw, 4);
+    }
+    int planes = rf_q_planes(fmt);
+    for (int p = 0; p < planes; p++) {
+        uint8x16_t cur = vld1q_u8(blk + 256 + 64 * p + 16 * q), bit = vdupq_n_u8((uint8_t)(0x10 << p));
+        for (int k = 0; k < 8; k++) {
+            u[k] = vorrq_u8(u[k], vandq_u8(p ? vshlq_n_u8(cur, 5) : vshlq_n_u8(cur, 4), bit));
+            cur = vshrq_n_u8(cur, 1);
+        }
+    }
+    for (int k = 0; k < 8; k++)
+        c[k] = fmt == RF_FMT_Q6_K ? vsubq_s8(vreinterpretq_s8_u8(u[k]), vdupq_n_s8(32)) : vreinterpretq_s8_u8(u[k]);
+}
+
+static inline float32x4_t rf_q_half4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+/* a tile quarter's scales for a block, as rf_q_scales_avx512's */
+RF_DOTPROD static inline void rf_q_scales_neon(const rf_qweights *w, int64_t g, int q, float32x4_t *sa, float32x4_t *sb,
+                                              float32x4_t *mv) {
+    int fmt = w->fmt, r = 4 * q;
+    if (!rf_q_kformat(fmt)) {
+        *sa = *sb = rf_q_half4(w->d + g * RF_QROWS + r);
+        *mv = fmt == RF_FMT_Q8_0 ? vdupq_n_f32(0.f) : rf_q_half4(w->m + g * RF_QROWS + r);
+        return;
+    }
+    float32x4_t d = rf_q_half4(w->d + (g / 8) * RF_QROWS + r);
+    float s0[4], s1[4], m0[4];
+    for (int j = 0; j < 4; j++) {
+        if (fmt == RF_FMT_Q6_K) {
+            s0[j] = (float)(int8_t)w->sc[2 * g * RF_QROWS + r + j];
+            s1[j] = (float)(int8_t)w->sc[(2 * g + 1) * RF_QROWS + r + j];
+            m0[j] = 0.f;
+        } else {
+            s0[j] = s1[j] = (float)w->sc[g * RF_QROWS + r + j];
+            m0[j] = (float)w->mn[g * RF_QROWS + r + j];
+        }
+    }
+    *sa = vmulq_f32(d, vld1q_f32(s0));
+    *sb = vmulq_f32(d, vld1q_f32(s1));
+    *mv = fmt == RF_FMT_Q6_K ? vdupq_n_f32(0.f) : vnegq_f32(vmulq_f32(rf_q_half4(w->m + (g / 8) * RF_QROWS + r), vld1q_f32(m0)));
+}
+
+/* the tile on 128-bit vectors: each block's 16 rows as four quarters of 4 rows (see the scalar tile) */
+RF_DOTPROD static void rf_quant_tile_neon(const rf_qweights *w, const rf_qacts *a, int64_t b0, int nb, float *out) {
     const float32x4_t inv254 = vdupq_n_f32(1.f / 254.f);
+    const int fmt = w->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, has_min = rf_q_has_min(fmt);
+    const int64_t K = a->K, G = a->G;
     float32x4_t acc[RF_QB][4];
     for (int bb = 0; bb < nb; bb++)
         for (int q = 0; q < 4; q++) acc[bb][q] = vdupq_n_f32(0.f);
     for (int64_t g = 0; g < G; g++) {
-        for (int i = 0; i < (q8 ? 8 : 4); i++)
-            __builtin_prefetch(w + g * (q8 ? 512 : 256) + RF_Q_PREFETCH + 64 * i);
+        for (int i = 0; i < bytes / 64; i++) __builtin_prefetch(w->w + g * bytes + RF_Q_PREFETCH + 64 * i);
         for (int q = 0; q < 4; q++) {
             int8x16_t c[8];
-            if (q8) {
-                for (int i = 0; i < 8; i++)
-                    c[i] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(w + g * 512 + 64 * i + 16 * q), flip));
-            } else {
-                for (int i = 0; i < 4; i++) {
-                    uint8x16_t raw = vld1q_u8(w + g * 256 + 64 * i + 16 * q);
-                    c[2 * i] = vreinterpretq_s8_u8(vandq_u8(raw, low));
-                    c[2 * i + 1] = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
-                }
-            }
-            float32x4_t dv = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(d + g * RF_QROWS + 4 * q)));
-            float32x4_t mv = q8 ? vdupq_n_f32(0.f) : vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(m + g * RF_QROWS + 4 * q)));
+            float32x4_t sa, sb, mv;
+            rf_q_load_neon(fmt, w->w + g * bytes, q, c);
+            rf_q_scales_neon(w, g, q, &sa, &sb, &mv);
             for (int bb = 0; bb < nb; bb++) {
                 int64_t sg = (b0 + bb) * G + g;
-                const int8_t *a1 = x1 + (b0 + bb) * K + g * RF_QG, *a2 = x2 + (b0 + bb) * K + g * RF_QG;
+                const int8_t *a1 = a->x1 + (b0 + bb) * K + g * RF_QG, *a2 = a->x2 + (b0 + bb) * K + g * RF_QG;
                 int8x16_t xa = vld1q_s8(a1), xb = vld1q_s8(a1 + 16), ya = vld1q_s8(a2), yb = vld1q_s8(a2 + 16);
-                int32x4_t s = RF_SDOT8(c, xa, xb), t = RF_SDOT8(c, ya, yb);
-                float32x4_t dot = vfmaq_f32(vcvtq_f32_s32(s), vcvtq_f32_s32(t), inv254);
-                acc[bb][q] = vfmaq_f32(acc[bb][q], dot, vmulq_n_f32(dv, sx[sg]));
-                if (!q8) acc[bb][q] = vfmaq_n_f32(acc[bb][q], mv, sumx[sg]);
+                int32x4_t s0 = RF_SDOT4(c, 0, xa), s1 = RF_SDOT4(c, 4, xb);
+                int32x4_t t0 = RF_SDOT4(c, 0, ya), t1 = RF_SDOT4(c, 4, yb);
+                float32x4_t sxv = vdupq_n_f32(a->sx[sg]);
+                if (q6) {
+                    float32x4_t d0 = vfmaq_f32(vcvtq_f32_s32(s0), vcvtq_f32_s32(t0), inv254);
+                    float32x4_t d1 = vfmaq_f32(vcvtq_f32_s32(s1), vcvtq_f32_s32(t1), inv254);
+                    acc[bb][q] = vfmaq_f32(acc[bb][q], d0, vmulq_f32(sa, sxv));
+                    acc[bb][q] = vfmaq_f32(acc[bb][q], d1, vmulq_f32(sb, sxv));
+                    continue;
+                }
+                float32x4_t dot = vfmaq_f32(vcvtq_f32_s32(vaddq_s32(s0, s1)), vcvtq_f32_s32(vaddq_s32(t0, t1)), inv254);
+                acc[bb][q] = vfmaq_f32(acc[bb][q], dot, vmulq_f32(sa, sxv));
+                if (has_min) acc[bb][q] = vfmaq_n_f32(acc[bb][q], mv, a->sumx[sg]);
             }
         }
     }
     for (int bb = 0; bb < nb; bb++)
         for (int q = 0; q < 4; q++) vst1q_f32(out + bb * RF_QROWS + 4 * q, acc[bb][q]);
 }
-#undef RF_SDOT8
+#undef RF_SDOT4
 #endif   /* aarch64 */
 
-typedef void (*rf_quant_tile_fn)(int, const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *,
-                                 const int8_t *, const float *, const float *, const int32_t *, int64_t, int,
-                                 int64_t, int64_t, float *);
+typedef void (*rf_quant_tile_fn)(const rf_qweights *, const rf_qacts *, int64_t, int, float *);
 
 /* whether this CPU runs `tier` */
 static int rf_quant_tier_ok(int tier) {
@@ -495,15 +758,27 @@ static int rf_quant_tier_ok(int tier) {
     }
 }
 
-/* y [B, N] (fp32 or bf16, + bias [N] fp32 when given) = x [B, K] (fp32 or bf16) W^T, W in tiles (see above);
- * q8: the Q8_0 layout (m unused), else Q4_1; on `tier`. Returns -1 when there is no memory for the activations'
- * digits, -2 when this CPU does not run the tier. */
-static int rf_quant_linear(int tier, int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m,
-                           const float *bias, const void *x, int x_bf16, int64_t B, int64_t N, int64_t K, void *y,
-                           int y_bf16) {
+/* y [B, N] (fp32 or bf16, + bias [N] fp32 when given) = x [B, K] (fp32 or bf16) W^T, W's rows given as `nparts`
+ * parts one after another (N = their rows; each in its own format, tiles as above: a fused q|k|v whose q, k and v
+ * are of three types), on `tier`; the activations' digits are made once for all parts. Returns -1 when there is
+ * no memory for them, -2 when this CPU does not run the tier, -3 when the parts do not fit (a K format needs
+ * K % 256 == 0; at most RF_QPARTS parts). */
+static int rf_quant_linear(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
+                           int x_bf16, int64_t B, int64_t K, void *y, int y_bf16) {
     if (tier < 0 || tier >= RF_TIERS || !rf_quant_tier_ok(tier)) return -2;
+    if (nparts < 1 || nparts > RF_QPARTS || K % RF_QG) return -3;
+    int64_t G = K / RF_QG, first[RF_QPARTS + 1], col[RF_QPARTS], N = 0;
+    first[0] = 0;
+    for (int p = 0; p < nparts; p++) {
+        int fmt = parts[p].fmt;
+        if (fmt < 0 || fmt >= RF_FMTS || parts[p].n < 0 || (rf_q_kformat(fmt) && G % 8)) return -3;
+        col[p] = N;
+        N += parts[p].n;
+        first[p + 1] = first[p] + (parts[p].n + RF_QROWS - 1) / RF_QROWS;
+    }
     rf_quant_tile_fn tile = rf_quant_tile_scalar;
-    void (*quantize)(const void *, int, int64_t, int8_t *, int8_t *, float *, float *, int32_t *) = rf_quantize_row_c;
+    void (*quantize)(const void *, int, int64_t, int8_t *, int8_t *, float *, float *, int32_t *, int32_t *) =
+        rf_quantize_row_c;
 #ifdef RF_X86_TIERS
     if (tier == RF_TIER_AVX2 || tier == RF_TIER_AVXVNNI) {
         tile = tier == RF_TIER_AVX2 ? rf_quant_tile_avx2 : rf_quant_tile_avxvnni;
@@ -521,28 +796,39 @@ static int rf_quant_linear(int tier, int q8, const uint8_t *w, const uint16_t *d
     int64_t need = rf_quant_work_bytes(B, K);
     void *work = need <= (int64_t)sizeof local ? (void *)local : malloc((size_t)need);
     if (!work) return -1;
-    int64_t G = K / RF_QG, tiles = (N + RF_QROWS - 1) / RF_QROWS;
-    int64_t tile_bytes = G * (q8 ? 512 : 256), scale_len = G * RF_QROWS;
     int64_t bytes = (B * K + 63) & ~(int64_t)63;
+    rf_qacts acts;
     int8_t *x1 = (int8_t *)work, *x2 = x1 + bytes;
     float *sx = (float *)(x2 + bytes);
     float *sumx = sx + B * G;
-    int32_t *isum = (int32_t *)(sumx + B * G);
+    int32_t *isum = (int32_t *)(sumx + B * G), *ihalf = isum + B * 2 * G;
     for (int64_t b = 0; b < B; b++)
         quantize((const char *)x + b * K * (x_bf16 ? 2 : 4), x_bf16, K, x1 + b * K, x2 + b * K, sx + b * G,
-                 sumx + b * G, isum + b * 2 * G);
+                 sumx + b * G, isum + b * 2 * G, ihalf + b * 2 * G);
+    acts.x1 = x1;
+    acts.x2 = x2;
+    acts.sx = sx;
+    acts.sumx = sumx;
+    acts.isum = isum;
+    acts.ihalf = ihalf;
+    acts.K = K;
+    acts.G = G;
     int parallel = N * K * B >= RF_Q_PARALLEL_MIN;
+    int64_t tiles = first[nparts];
     #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t t = 0; t < tiles; t++) {
-        int rows = N - t * RF_QROWS < RF_QROWS ? (int)(N - t * RF_QROWS) : RF_QROWS;
+    for (int64_t tt = 0; tt < tiles; tt++) {
+        int p = 0;
+        while (tt >= first[p + 1]) p++;
+        int64_t t = tt - first[p], n = parts[p].n;
+        int rows = n - t * RF_QROWS < RF_QROWS ? (int)(n - t * RF_QROWS) : RF_QROWS;
+        rf_qweights tw = rf_q_tile_of(&parts[p], t, G);
+        int64_t c0 = col[p] + t * RF_QROWS;
         for (int64_t b0 = 0; b0 < B; b0 += RF_QB) {
             int nb = B - b0 < RF_QB ? (int)(B - b0) : RF_QB;
             float v[RF_QB * RF_QROWS] __attribute__((aligned(64)));
-            tile(q8, w + t * tile_bytes, d + t * scale_len, q8 ? 0 : m + t * scale_len, x1, x2, sx, sumx, isum, b0,
-                 nb, K, G, v);
+            tile(&tw, &acts, b0, nb, v);
             for (int bb = 0; bb < nb; bb++)
-                rf_q_store(y, y_bf16, (b0 + bb) * N + t * RF_QROWS, v + bb * RF_QROWS, bias ? bias + t * RF_QROWS : 0,
-                           rows);
+                rf_q_store(y, y_bf16, (b0 + bb) * N + c0, v + bb * RF_QROWS, bias ? bias + c0 : 0, rows);
         }
     }
     if (work != (void *)local) free(work);

@@ -3,6 +3,17 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t
 
 
 cdef extern from "quant_kernels.h" nogil:
+    enum:
+        RF_QPARTS
+        RF_FMTS
+    ctypedef struct rf_qweights:
+        int fmt
+        int64_t n
+        const uint8_t *w
+        const uint16_t *d
+        const uint16_t *m
+        const uint8_t *sc
+        const uint8_t *mn
     int rf_quant_tier_ok(int tier)
-    int rf_quant_linear(int tier, int q8, const uint8_t *w, const uint16_t *d, const uint16_t *m, const float *bias,
-                        const void *x, int x_bf16, int64_t B, int64_t N, int64_t K, void *y, int y_bf16)
+    int rf_quant_linear(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x, int x_bf16,
+                        int64_t B, int64_t K, void *y, int y_bf16)

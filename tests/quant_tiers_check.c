@@ -1,6 +1,7 @@
 /* Every tier of csrc/quant_kernels.h that this CPU runs against the portable scalar tier, on random tiles (the
- * kernels read tiles as bytes: any bytes are a valid tile) with fp16 scales, fp32 and bf16 activations and
- * outputs, Q4_1 and Q8_0, 1, 5 and 32 rows, a partial tile and an all-zero block. Built by the suite natively and
+ * kernels read tiles as bytes: any bytes are a valid tile) with fp16 scales and random integer sub-scales and
+ * mins (their whole range, the 6-bit edges included), fp32 and bf16 activations and outputs, every format, 1,
+ * 5 and 32 rows, a partial tile, an all-zero block, and a linear of three parts in three formats. Built by the suite natively and
  * with an aarch64 cross compiler (run under qemu-user) to check the NEON tier where no ARM machine is at hand.
  *
  *     quant_tiers_check [TIER ...]    exit 0: every tier agrees; 1: one does not; 2: a named tier does not run
@@ -45,8 +46,9 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    static const int64_t shapes[][2] = {{40, 64}, {96, 576}, {576, 1536}};
+    static const int64_t shapes[][2] = {{40, 256}, {96, 768}, {576, 1536}};
     static const int64_t batches[] = {1, 5, 32};
+    static const char *FMT[RF_FMTS + 1] = {"Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q5_0|Q6_K|Q4_K"};
     int passed = 0, failed = 0;
     for (int t = 1; t < RF_TIERS; t++) {
         if (!rf_quant_tier_ok(t)) {
@@ -54,23 +56,45 @@ int main(int argc, char **argv) {
             continue;
         }
         double worst = 0;
+        int cases = 0;
         for (int s = 0; s < 3; s++)
             for (int bi = 0; bi < 3; bi++)
-                for (int q8 = 0; q8 < 2; q8++)
+                for (int f = 0; f <= RF_FMTS; f++)   /* the last: three parts of three formats */
                     for (int bf16 = 0; bf16 < 2; bf16++) {
                         int64_t N = shapes[s][0], K = shapes[s][1], B = batches[bi], G = K / RF_QG;
-                        int64_t tiles = (N + RF_QROWS - 1) / RF_QROWS;
-                        size_t wn = (size_t)(tiles * G * (q8 ? 512 : 256)), sn = (size_t)(tiles * G * RF_QROWS);
-                        uint8_t *w = malloc(wn);
-                        uint16_t *d = malloc(sn * 2), *m = malloc(sn * 2);
-                        float *x = malloc((size_t)(B * K) * 4), *bias = malloc((size_t)N * 4);
-                        uint16_t *xb = malloc((size_t)(B * K) * 2);
-                        void *ys = malloc((size_t)(B * N) * 4), *yt = malloc((size_t)(B * N) * 4);
-                        for (size_t i = 0; i < wn; i++) w[i] = (uint8_t)next32();
-                        for (size_t i = 0; i < sn; i++) {
-                            d[i] = half(0);
-                            m[i] = half(1);
+                        int nparts = f < RF_FMTS ? 1 : 3;
+                        static const int mixed[3] = {RF_FMT_Q5_1, RF_FMT_Q6_K, RF_FMT_Q4_K};
+                        rf_qweights parts[3];
+                        void *owned[16];
+                        int nowned = 0;
+                        for (int p = 0; p < nparts; p++) {
+                            int fmt = f < RF_FMTS ? f : mixed[p];
+                            int64_t n = nparts == 1 ? N : (p == 1 ? N / 2 + 3 : N / 4), tiles = (n + RF_QROWS - 1) / RF_QROWS;
+                            int64_t per = rf_q_kformat(fmt) ? G / 8 : G;
+                            size_t wn = (size_t)(tiles * G * rf_q_block_bytes(fmt)), sn = (size_t)(tiles * per * RF_QROWS);
+                            size_t cn = (size_t)(tiles * G * RF_QROWS * 2);
+                            uint8_t *w = malloc(wn), *sc = malloc(cn), *mn = malloc(cn);
+                            uint16_t *d = malloc(sn * 2), *m = malloc(sn * 2);
+                            for (size_t i = 0; i < wn; i++) w[i] = (uint8_t)next32();
+                            for (size_t i = 0; i < sn; i++) {
+                                d[i] = half(0);
+                                m[i] = half(fmt < RF_FMT_Q4_K);   /* Q4_1/Q5_1 mins are negative; K's dmin positive */
+                            }
+                            for (size_t i = 0; i < cn; i++) {   /* 6-bit K scales and mins, 0 and 63 included */
+                                sc[i] = (uint8_t)(fmt == RF_FMT_Q6_K ? next32() : (i % 7 ? next32() % 64 : (i % 2) * 63));
+                                mn[i] = (uint8_t)(i % 5 ? next32() % 64 : (i % 2) * 63);
+                            }
+                            rf_qweights q = {fmt, n, w, d, rf_q_has_min(fmt) ? m : 0,
+                                             rf_q_kformat(fmt) ? sc : 0, fmt == RF_FMT_Q4_K || fmt == RF_FMT_Q5_K ? mn : 0};
+                            parts[p] = q;
+                            owned[nowned++] = w; owned[nowned++] = sc; owned[nowned++] = mn;
+                            owned[nowned++] = d; owned[nowned++] = m;
                         }
+                        int64_t NT = 0;
+                        for (int p = 0; p < nparts; p++) NT += parts[p].n;
+                        float *x = malloc((size_t)(B * K) * 4), *bias = malloc((size_t)NT * 4);
+                        uint16_t *xb = malloc((size_t)(B * K) * 2);
+                        void *ys = malloc((size_t)(B * NT) * 4), *yt = malloc((size_t)(B * NT) * 4);
                         for (int64_t i = 0; i < B * K; i++) {
                             x[i] = uniform() * (1 + (float)(i / K % 4));
                             if (i < RF_QG) x[i] = 0.f;   /* an all-zero block: scale 0 */
@@ -78,29 +102,31 @@ int main(int argc, char **argv) {
                             memcpy(&u, &x[i], 4);
                             xb[i] = (uint16_t)(u >> 16);
                         }
-                        for (int64_t i = 0; i < N; i++) bias[i] = uniform();
+                        for (int64_t i = 0; i < NT; i++) bias[i] = uniform();
                         const void *xin = bf16 ? (const void *)xb : (const void *)x;
-                        int rs = rf_quant_linear(RF_TIER_SCALAR, q8, w, d, q8 ? 0 : m, bias, xin, bf16, B, N, K, ys, bf16);
-                        int rt = rf_quant_linear(t, q8, w, d, q8 ? 0 : m, bias, xin, bf16, B, N, K, yt, bf16);
+                        int rs = rf_quant_linear(RF_TIER_SCALAR, parts, nparts, bias, xin, bf16, B, K, ys, bf16);
+                        int rt = rf_quant_linear(t, parts, nparts, bias, xin, bf16, B, K, yt, bf16);
                         double big = 0, diff = 0;
-                        for (int64_t i = 0; i < B * N; i++) {
+                        for (int64_t i = 0; i < B * NT; i++) {
                             double r = value(ys, bf16, i), v = value(yt, bf16, i);
                             big = fabs(r) > big ? fabs(r) : big;
                             diff = fabs(r - v) > diff ? fabs(r - v) : diff;
                         }
                         double tol = bf16 ? 8e-3 : 2e-5, rel = big > 0 ? diff / big : diff;
                         worst = rel > worst ? rel : worst;
+                        cases++;
                         if (rs || rt || rel > tol) {
                             failed++;
                             printf("FAILED %s: N=%lld K=%lld B=%lld %s %s: rc %d/%d, max error %.3g of %.3g\n", NAMES[t],
-                                   (long long)N, (long long)K, (long long)B, q8 ? "Q8_0" : "Q4_1", bf16 ? "bf16" : "fp32",
-                                   rs, rt, diff, big);
+                                   (long long)NT, (long long)K, (long long)B, FMT[f], bf16 ? "bf16" : "fp32", rs, rt,
+                                   diff, big);
                         } else {
                             passed++;
                         }
-                        free(w); free(d); free(m); free(x); free(xb); free(bias); free(ys); free(yt);
+                        for (int i = 0; i < nowned; i++) free(owned[i]);
+                        free(x); free(xb); free(bias); free(ys); free(yt);
                     }
-        printf("%s: 36 cases against scalar, worst relative error %.2g\n", NAMES[t], worst);
+        printf("%s: %d cases against scalar, worst relative error %.2g\n", NAMES[t], cases, worst);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -23,7 +23,7 @@ from rosefast.models.gguf_blocks import (GROUP, dequantize_q4_1, dequantize_q8_0
                                          unpack_q8_0)
 from rosefast.models.quant import (Int4Linear, Int8Linear, block_kernels, check_mode, head_mode, quantize_int8,
                                    quantize_q4_1, quantize_q8_0, weight_bytes)
-from rosefast.models.quant_tiles import pack_q4_1_tiles, pack_q8_0_tiles, unpack_q4_1_tiles, unpack_q8_0_tiles
+from rosefast.models.quant_tiles import pack_tiles, unpack_tiles
 from rosefast.models.sources import gguf_source
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
@@ -47,9 +47,10 @@ def test_q4_1_blocks_from_the_gguf_dequantize_bit_exactly_to_gguf_and_to_the_con
     layers = gguf_blocks(path, args)   # fused q|k|v and gate|up, q/k rows in Hugging Face's order
     for i in (0, 17, 29):
         for name in ("qkv", "o", "gate_up", "down"):
-            assert torch.equal(dequantize_q4_1(*layers[i][name]), converted[f"layers.{i}.{name}.weight"].float())
+            assert [fmt for fmt, _ in layers[i][name]] == ["q4_1"]   # one part: q, k and v of one format
+            assert torch.equal(dequantize_q4_1(*layers[i][name][0][1]), converted[f"layers.{i}.{name}.weight"].float())
     # our Q4_1 quantizer, given the file's numbers, gives back the file's blocks
-    q, d, m = layers[3]["gate_up"]
+    q, d, m = layers[3]["gate_up"][0][1]
     assert all(torch.equal(a, b) for a, b in zip(quantize_q4_1(dequantize_q4_1(q, d, m)), (q, d, m)))
 
 
@@ -77,12 +78,14 @@ def test_tiles_hold_the_blocks_as_they_are(n):
     g = torch.Generator().manual_seed(n)
     q = torch.randint(0, 16, (n, 96), generator=g, dtype=torch.uint8)
     d, m = torch.rand(n, 3, generator=g).half(), torch.randn(n, 3, generator=g).half()
-    w, dt, mt = pack_q4_1_tiles(q, d, m)
+    tiles = pack_tiles("q4_1", (q, d, m))
+    w = tiles.w
     assert w.shape == (-(-n // 16), 3, 256)
-    assert all(torch.equal(a, b) for a, b in zip(unpack_q4_1_tiles(w, dt, mt, n), (q, d, m)))
+    qt, st, mt = unpack_tiles(tiles)
+    assert torch.equal(qt, q.short()) and torch.equal(st, d.float().repeat_interleave(2, 1)) and torch.equal(mt, m.float())
     q8 = torch.randint(-128, 128, (n, 96), generator=g, dtype=torch.int8)
-    w8, d8 = pack_q8_0_tiles(q8, d)
-    assert all(torch.equal(a, b) for a, b in zip(unpack_q8_0_tiles(w8, d8, n), (q8, d)))
+    qt, st, mt = unpack_tiles(pack_tiles("q8_0", (q8, d)))
+    assert torch.equal(qt, q8.short()) and torch.equal(st, d.float().repeat_interleave(2, 1)) and mt is None
     # one row's block: low nibbles of chunk 0 are its weights 0-3, the high ones 4-7 (csrc/quant_kernels.h)
     assert [int(w[0, 1, 4 * 2 + b]) & 15 for b in range(4)] == q[2, 32:36].tolist()
     assert [int(w[0, 1, 4 * 2 + b]) >> 4 for b in range(4)] == q[2, 36:40].tolist()
@@ -105,17 +108,16 @@ def test_every_tier_of_the_block_kernels_equals_the_twin(n, k, batch, dtype, tie
     bias = torch.randn(n, generator=g)
     q, d, m = quantize_q4_1(torch.randn(n, k, generator=g) * 0.05)
     q8, d8 = quantize_q8_0(torch.randn(n, k, generator=g) * 0.05)
-    w4, w8 = pack_q4_1_tiles(q, d, m), pack_q8_0_tiles(q8, d8)
-    for args, q8_ in (((*w4, bias), False), ((w8[0], w8[1], None, None), True)):
-        got = quant_ops.pick(tier).linear(x, *args, n, q8_)
-        want = _quant_ops_py.linear(x, *args, n, q8_)
+    for tiles in (pack_tiles("q4_1", (q, d, m)), pack_tiles("q8_0", (q8, d8))):
+        got = quant_ops.pick(tier).linear(x, quant_ops.impl.Weights([tiles], bias, k))
+        want = _quant_ops_py.linear(x, _quant_ops_py.Weights([tiles], bias, k))
         assert got.dtype == dtype and got.shape == (batch, n)
         # the same integers and scales; the float sums in another order, and bf16's output rounding
         tol = 2e-5 if dtype == torch.float32 else 8e-3
-        assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max(), (q8_, dtype)
+        assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max(), (tiles.fmt, dtype)
         if tier != "scalar":
-            scalar = quant_ops.pick("scalar").linear(x, *args, n, q8_)
-            assert (got.float() - scalar.float()).abs().max() <= tol * want.float().abs().max(), (q8_, dtype)
+            scalar = quant_ops.pick("scalar").linear(x, quant_ops.impl.Weights([tiles], bias, k))
+            assert (got.float() - scalar.float()).abs().max() <= tol * want.float().abs().max(), (tiles.fmt, dtype)
 
 
 def test_the_kernel_tiers_are_named_and_a_bad_choice_is_refused_by_name():
@@ -266,10 +268,14 @@ def test_the_q4_1_blocks_are_kept_beside_the_converted_model(default_model, monk
     monkeypatch.setattr(blocks, "gguf_blocks", no_reading)
     again = blocks.cached_blocks(source, args, cache)
 
+    def same_parts(a, b):
+        return [f for f, _ in a] == [f for f, _ in b] and all(
+            len(x) == len(y) and all(torch.equal(u, v) for u, v in zip(x, y)) for (_, x), (_, y) in zip(a, b))
+
     def same(a, b):
-        return a.keys() == b.keys() and a["linears"] == b["linears"] \
-            and all(torch.equal(x, y) for i in a if isinstance(i, int) for n in a[i] for x, y in zip(a[i][n], b[i][n])) \
-            and all(torch.equal(x, y) for x, y in zip(a["head"], b["head"]))
+        return a.keys() == b.keys() and a["linears"] == b["linears"] and a["types"] == b["types"] \
+            and all(same_parts(a[i][n], b[i][n]) for i in a if isinstance(i, int) for n in a[i]) \
+            and same_parts(a["head"], b["head"])
 
     assert first["linears"] == "q4_1" and "head" in first and same(first, again) and same(first, read(source, args))
     monkeypatch.undo()
@@ -328,8 +334,8 @@ def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(family, default_m
     deq = {t.name: torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float()
            for t in gguf.GGUFReader(str(path)).tensors}
     for i in range(args.num_layers):
-        assert torch.equal(dequantize_q8_0(*blocks[i]["o"]), deq[f"blk.{i}.attn_output.weight"])
-        qkv = dequantize_q8_0(*blocks[i]["qkv"])   # back in Hugging Face's row order: near the model's weights
+        assert torch.equal(dequantize_q8_0(*blocks[i]["o"][0][1]), deq[f"blk.{i}.attn_output.weight"])
+        qkv = dequantize_q8_0(*blocks[i]["qkv"][0][1])   # back in Hugging Face's row order: near the model's weights
         want = torch.cat([hf[f"model.layers.{i}.self_attn.{n}_proj.weight"].float() for n in "qkv"])
         assert (qkv - want).abs().max() <= want.abs().max() / 127
     model, _ = load_model(model, torch.float32, "cpu")
@@ -338,8 +344,9 @@ def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(family, default_m
     layer = model.layers[1].gate_up
     assert isinstance(layer, Int8Linear) and isinstance(model.lm_head, Int8Linear)
     if layer.kernels is not None:   # the tiles hold the file's blocks exactly
-        assert all(torch.equal(a, b) for a, b in zip(unpack_q8_0_tiles(layer.tiles, layer.d, layer.out_features),
-                                                      blocks[1]["gate_up"]))
+        q, s, _ = unpack_tiles(layer.weights.parts[0])
+        assert torch.equal(q.to(torch.int8), blocks[1]["gate_up"][0][1][0])
+        assert torch.equal(s[:, ::2], blocks[1]["gate_up"][0][1][1].float())
 
 
 def test_q4_0_linears_in_a_gguf_are_q4_1_blocks_with_m_minus_8_d(tiny_llama, tmp_path):
@@ -353,7 +360,7 @@ def test_q4_0_linears_in_a_gguf_are_q4_1_blocks_with_m_minus_8_d(tiny_llama, tmp
     deq = {t.name: torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float()
            for t in gguf.GGUFReader(str(path)).tensors}
     for i in range(args.num_layers):
-        assert torch.equal(dequantize_q4_1(*blocks[i]["down"]), deq[f"blk.{i}.ffn_down.weight"])
+        assert torch.equal(dequantize_q4_1(*blocks[i]["down"][0][1]), deq[f"blk.{i}.ffn_down.weight"])
     model, _ = load_model(tiny_llama, torch.float32, "cpu")
     assert quantize_linears(model, "auto", path)[1] == "the GGUF's Q4_1 blocks"
     assert isinstance(model.layers[0].o, Int4Linear)
@@ -383,7 +390,7 @@ def test_the_c_driver_finds_every_x86_tier_equal_to_the_scalar_one(tmp_path):
         pytest.skip("no C compiler")
     run = subprocess.run([_driver("cc", tmp_path / "check")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout
-    assert all(f"{t}: 36 cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
+    assert all(f"{t}: 126 cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
     assert run.stdout.rstrip().endswith(" passed, 0 failed"), run.stdout
 
 
@@ -396,7 +403,7 @@ def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
         pytest.skip("needs Debian's gcc-aarch64-linux-gnu and qemu-user (make test installs them where apt runs)")
     binary = _driver(cross, tmp_path / "check-arm", "-static")
     run = subprocess.run([qemu, "-cpu", "max", str(binary), "neon"], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "neon: 36 cases" in run.stdout, run.stdout
-    assert run.stdout.rstrip().endswith("36 passed, 0 failed")
+    assert run.returncode == 0 and "neon: 126 cases" in run.stdout, run.stdout
+    assert run.stdout.rstrip().endswith("126 passed, 0 failed")
     old = subprocess.run([qemu, "-cpu", "cortex-a53", str(binary), "neon"], capture_output=True, text=True, timeout=60)
     assert old.returncode == 2 and "this CPU does not run it" in old.stdout   # ARMv8.0: no sdot, no NEON tier

@@ -16,21 +16,22 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 
 import torch
 
+from rosefast.models.quant_tiles import FORMATS
+
 from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_rms_norm_bf16, rf_rms_norm_f32,
                              rf_silu_mul_bf16, rf_silu_mul_f32, rf_store_kv_bf16, rf_store_kv_f32)
-from quant_kernels cimport rf_quant_linear
+from quant_kernels cimport rf_qweights, rf_quant_linear
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
 cdef object I64 = torch.int64
 
 cdef struct Linear:
-    const uint8_t *w
-    const uint16_t *d
-    const uint16_t *m
+    rf_qweights parts[8]   # csrc's RF_QPARTS
+    int nparts
     const float *bias
-    int64_t n, k
-    int q8, tier
+    int64_t k
+    int tier
 
 
 def _tier(layer):
@@ -45,6 +46,10 @@ def fits(layer):
     if not layer.input_norm.is_cpu or layer.input_norm.dtype not in (F32, BF16):
         return False
     return _tier(layer) is not None
+
+
+cdef inline uintptr_t _opt(t):
+    return 0 if t is None else <uintptr_t>t.data_ptr()
 
 
 cdef inline uintptr_t _ptr(t, dtype, str name) except 0:
@@ -86,17 +91,23 @@ cdef class LayerPlan:
                   (self.hidden, self.inter))
         for i, name in enumerate(("qkv", "o", "gate_up", "down")):
             lin = getattr(layer, name)
-            q8 = not hasattr(lin, "m")
             if (lin.out_features, lin.in_features) != shapes[i]:
                 raise ValueError(f"decode_layer: {name} is [{lin.out_features}, {lin.in_features}], the layer "
                                  f"needs {list(shapes[i])}")
-            self.lin[i].w = <const uint8_t *><uintptr_t>lin.tiles.data_ptr()
-            self.lin[i].d = <const uint16_t *><uintptr_t>lin.d.data_ptr()
-            self.lin[i].m = NULL if q8 else <const uint16_t *><uintptr_t>lin.m.data_ptr()
-            self.lin[i].bias = NULL if lin.bias is None else <const float *><uintptr_t>lin.bias.data_ptr()
-            self.lin[i].n, self.lin[i].k, self.lin[i].q8 = lin.out_features, lin.in_features, q8
+            weights = lin.weights   # checked once by _quant_ops_c.Weights
+            self.lin[i].nparts = len(weights.parts)
+            for j, t in enumerate(weights.parts):
+                self.lin[i].parts[j].fmt = FORMATS.index(t.fmt)
+                self.lin[i].parts[j].n = t.n
+                self.lin[i].parts[j].w = <const uint8_t *>_opt(t.w)
+                self.lin[i].parts[j].d = <const uint16_t *>_opt(t.d)
+                self.lin[i].parts[j].m = <const uint16_t *>_opt(t.m)
+                self.lin[i].parts[j].sc = <const uint8_t *>_opt(t.sc)
+                self.lin[i].parts[j].mn = <const uint8_t *>_opt(t.mn)
+            self.lin[i].bias = <const float *>_opt(weights.bias)
+            self.lin[i].k = lin.in_features
             self.lin[i].tier = tier
-            self.tensors += [lin.tiles, lin.d, None if q8 else lin.m, lin.bias]
+            self.tensors.append(weights)
 
     def __call__(self, x, residual, StepInputs step, k_cache, v_cache):
         """x [B, hidden]: the residual stream, updated in place; residual: the previous layer's MLP output or
@@ -128,7 +139,7 @@ cdef class StepInputs:
 
 
 cdef inline int _linear(Linear *l, const void *x, int bf16, int64_t B, void *y) noexcept nogil:
-    return rf_quant_linear(l.tier, l.q8, l.w, l.d, l.m, l.bias, x, bf16, B, l.n, l.k, y, bf16)
+    return rf_quant_linear(l.tier, l.parts, l.nparts, l.bias, x, bf16, B, l.k, y, bf16)
 
 
 cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):

@@ -1,20 +1,21 @@
 # cython: language_level=3
-"""Linears on GGUF's Q4_1 and Q8_0 blocks as C kernels (csrc/quant_kernels.h: integer dot products on the tier
-the CPU runs — AVX-512 VNNI, AVX-VNNI, AVX2, NEON or portable C —, the activations as two int8 digits per 32 inputs);
-twin: _quant_ops_py, the same arithmetic in torch.
+"""Linears on GGUF's block formats (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as C kernels
+(csrc/quant_kernels.h: integer dot products on the tier the CPU runs — AVX-512 VNNI, AVX-VNNI, AVX2, NEON or
+portable C —, the activations as two int8 digits per 32 inputs); twin: _quant_ops_py, the same arithmetic in torch.
 
-    check_tiles(w, d, m, bias, out_features, in_features, q8)     # once, when a layer is made
-    kernels = tier("avx2")                                          # or tier(tiers()[0]): the best here
-    y = kernels.linear(x, w, d, m, bias, out_features, q8)         # w, d, m: rosefast.models.quant_tiles
+    weights = Weights(parts, bias, in_features)     # once, when a layer is made: parts are quant_tiles.Tiles
+    kernels = tier("avx2")                          # or tier(tiers()[0]): the best here
+    y = kernels.linear(x, weights)
 """
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 
 import torch
 
 from rosefast.config import CPU_KERNELS
-from rosefast.models._quant_ops_py import check_tiles
+from rosefast.models import _quant_ops_py
+from rosefast.models.quant_tiles import FORMATS
 
-from quant_kernels cimport rf_quant_linear, rf_quant_tier_ok
+from quant_kernels cimport rf_qweights, rf_quant_linear, rf_quant_tier_ok
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
@@ -26,6 +27,35 @@ BEST_FIRST = tuple(k for k in CPU_KERNELS if k in TIERS)   # the settings list t
 def tiers():
     """The tiers this CPU runs, best first."""
     return [name for name in BEST_FIRST if rf_quant_tier_ok(TIERS.index(name))]
+
+
+cdef inline uintptr_t _p(t):
+    return 0 if t is None else <uintptr_t>t.data_ptr()
+
+
+cdef class Weights:
+    """A linear's weights for the kernels: its parts (quant_tiles.Tiles, one after another along the outputs, each
+    in its own format) and a float32 bias or None, checked once and held as the kernels' pointers."""
+    cdef rf_qweights c[8]   # csrc's RF_QPARTS (_quant_ops_py.MAX_PARTS checks the count)
+    cdef int nparts
+    cdef const float *pbias
+    cdef readonly object parts, bias
+    cdef readonly int64_t in_features, out_features
+
+    def __init__(self, parts, bias, int64_t in_features):
+        checked = _quant_ops_py.Weights(parts, bias, in_features)
+        self.parts, self.bias = checked.parts, bias
+        self.in_features, self.out_features = in_features, checked.out_features
+        self.nparts = len(self.parts)
+        self.pbias = <const float *>_p(bias)
+        for i, t in enumerate(self.parts):
+            self.c[i].fmt = FORMATS.index(t.fmt)
+            self.c[i].n = t.n
+            self.c[i].w = <const uint8_t *>_p(t.w)
+            self.c[i].d = <const uint16_t *>_p(t.d)
+            self.c[i].m = <const uint16_t *>_p(t.m)
+            self.c[i].sc = <const uint8_t *>_p(t.sc)
+            self.c[i].mn = <const uint8_t *>_p(t.mn)
 
 
 cdef class Tier:
@@ -43,30 +73,28 @@ cdef class Tier:
     def __repr__(self):
         return f"<block kernels {self.name}>"
 
-    def linear(self, x, w, d, m, bias, int64_t out_features, bint q8):
-        """x [B, K] float32 or bfloat16, contiguous -> [B, out_features] of x's dtype. The tiles as check_tiles
-        passed them: uint8 w [T, K/32, 256 or 512]; fp16 d, m [T, K/32, 16] (m None for Q8_0); bias float32 or
-        None."""
+    def linear(self, x, Weights weights):
+        """x [B, K] float32 or bfloat16, contiguous -> [B, out_features] of x's dtype."""
         dt = x.dtype
         if (dt is not F32 and dt is not BF16) or x.dim() != 2 or not x.is_contiguous() or not x.is_cpu:
             raise ValueError(f"quantized linear: x must be a contiguous 2-D CPU float32/bfloat16 tensor, got {dt} "
                              f"{tuple(x.shape)}")
-        cdef int64_t B = x.shape[0], K = x.shape[1], N = out_features
-        if K != w.shape[1] * 32:
-            raise ValueError(f"quantized linear: x {tuple(x.shape)} does not fit {w.shape[1] * 32} inputs")
-        y = torch.empty((B, N), dtype=dt)
+        cdef int64_t B = x.shape[0], K = x.shape[1]
+        if K != weights.in_features:
+            raise ValueError(f"quantized linear: x {tuple(x.shape)} does not fit {weights.in_features} inputs")
+        y = torch.empty((B, weights.out_features), dtype=dt)
         if B == 0:
             return y
-        cdef uintptr_t px = x.data_ptr(), pw = w.data_ptr(), pd = d.data_ptr(), py = y.data_ptr()
-        cdef uintptr_t pm = 0 if m is None else m.data_ptr()
-        cdef uintptr_t pb = 0 if bias is None else bias.data_ptr()
+        cdef uintptr_t px = x.data_ptr(), py = y.data_ptr()
         cdef int bf16 = dt is BF16
         cdef int rc, index = self.index
         with nogil:
-            rc = rf_quant_linear(index, q8, <const uint8_t *>pw, <const uint16_t *>pd, <const uint16_t *>pm,
-                                 <const float *>pb, <const void *>px, bf16, B, N, K, <void *>py, bf16)
-        if rc != 0:
+            rc = rf_quant_linear(index, weights.c, weights.nparts, weights.pbias, <const void *>px, bf16, B, K,
+                                 <void *>py, bf16)
+        if rc == -1:
             raise MemoryError(f"quantized linear: no memory for {B} rows' activations")
+        if rc != 0:
+            raise ValueError(f"quantized linear: the kernels refused the weights (code {rc})")
         return y
 
 

@@ -1,9 +1,12 @@
-"""Linears on Q4_1 / Q8_0 tiles in torch: the reference twin of _quant_ops_c, the same arithmetic (the
-activations as two int8 digits per 32 inputs, integer dot products per block, then the block scales) up to
-the order of the float sums. Unpacks the tiles each call: for tests, not for serving (its `tiers()` is empty)."""
+"""Linears on GGUF block tiles in torch: the reference twin of _quant_ops_c, the same arithmetic (the activations
+as two int8 digits per 32 inputs, integer dot products per block — per 16 inputs where Q6_K's scales change —,
+then the scales and mins) up to the order of the float sums. Unpacks the tiles each call: for tests, not for
+serving (its `tiers()` is empty)."""
 import torch
 
-from rosefast.models.quant_tiles import unpack_q4_1_tiles, unpack_q8_0_tiles
+from rosefast.models.quant_tiles import FORMATS, K_FORMATS, SUPER, Tiles, block_bytes, unpack_tiles
+
+MAX_PARTS = 8   # csrc's RF_QPARTS
 
 
 def tiers():
@@ -16,17 +19,44 @@ def tier(name):
                      "(ROSEFAST_NO_EXTENSIONS, or no extensions built)")
 
 
-def check_tiles(w, d, m, bias, out_features, in_features, q8):
-    """Raise when tiles (quant_tiles) do not fit an [out_features, in_features] layer: the kernels trust them."""
-    tiles, groups = -(-out_features // 16), in_features // 32
-    ok = (in_features % 32 == 0 and w.dtype == torch.uint8 and tuple(w.shape) == (tiles, groups, 512 if q8 else 256)
-          and d.dtype == torch.float16 and tuple(d.shape) == (tiles, groups, 16) and (m is None) == bool(q8)
-          and (m is None or (m.dtype == torch.float16 and m.shape == d.shape))
-          and (bias is None or (bias.dtype == torch.float32 and bias.numel() == out_features))
-          and all(t is None or t.is_contiguous() for t in (w, d, m, bias)))
+def _check_part(t, in_features):
+    tiles, groups = -(-t.n // 16), in_features // 32
+    per = in_features // SUPER if t.fmt in K_FORMATS else groups
+
+    def fits(x, dtype, shape):
+        return x is not None and x.dtype == dtype and tuple(x.shape) == shape and x.is_contiguous()
+
+    ok = (isinstance(t, Tiles) and t.fmt in FORMATS and in_features % 32 == 0
+          and (t.fmt not in K_FORMATS or in_features % SUPER == 0)
+          and fits(t.w, torch.uint8, (tiles, groups, block_bytes(t.fmt)))
+          and fits(t.d, torch.float16, (tiles, per, 16)))
+    if ok and t.fmt in ("q4_1", "q5_1", "q4_k", "q5_k"):
+        ok = fits(t.m, torch.float16, (tiles, per, 16))
+    if ok and t.fmt in ("q4_k", "q5_k"):
+        ok = fits(t.sc, torch.uint8, (tiles, groups, 16)) and fits(t.mn, torch.uint8, (tiles, groups, 16))
+    if ok and t.fmt == "q6_k":
+        ok = fits(t.sc, torch.uint8, (tiles, 2 * groups, 16))
     if not ok:
-        raise ValueError(f"quantized linear: tiles {tuple(w.shape)} / scales {tuple(d.shape)} do not fit a "
-                         f"[{out_features}, {in_features}] {'Q8_0' if q8 else 'Q4_1'} layer")
+        raise ValueError(f"quantized linear: {getattr(t, 'fmt', t)!r} tiles {tuple(t.w.shape)} / scales "
+                         f"{tuple(t.d.shape)} do not fit [{t.n}, {in_features}] weights")
+
+
+class Weights:
+    """A linear's weights for the kernels: its parts (quant_tiles.Tiles, one after another along the outputs)
+    and a float32 bias or None, checked once (the kernels trust them)."""
+
+    def __init__(self, parts, bias, in_features):
+        parts = list(parts)
+        if not 1 <= len(parts) <= MAX_PARTS:
+            raise ValueError(f"quantized linear: 1 to {MAX_PARTS} parts, got {len(parts)}")
+        for t in parts:
+            _check_part(t, in_features)
+        self.parts, self.in_features = parts, in_features
+        self.out_features = sum(t.n for t in parts)
+        if bias is not None and (bias.dtype != torch.float32 or bias.numel() != self.out_features
+                                 or not bias.is_contiguous()):
+            raise ValueError(f"quantized linear: the bias must be {self.out_features} contiguous float32 values")
+        self.bias = bias
 
 
 def quantize_activations(x):
@@ -42,19 +72,26 @@ def quantize_activations(x):
     return x1, x2, scale, g.sum(dim=-1)
 
 
-def linear(x, w, d, m, bias, out_features, q8):
+def linear(x, weights):
+    """x [B, K] float32/bfloat16 -> [B, out_features] of x's dtype."""
     if x.dim() != 2 or x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"quantized linear: x must be a 2-D float32/bfloat16 tensor, got {x.dtype} {tuple(x.shape)}")
-    q, dd, mm = unpack_q8_0_tiles(w, d, out_features) + (None,) if q8 else unpack_q4_1_tiles(w, d, m, out_features)
-    N, K = q.shape
-    if x.shape[1] != K:
-        raise ValueError(f"quantized linear: x {tuple(x.shape)} does not fit [{N}, {K}] weights")
+    B, K = x.shape
+    if K != weights.in_features:
+        raise ValueError(f"quantized linear: x {tuple(x.shape)} does not fit {weights.in_features} inputs")
     x1, x2, sx, sumx = quantize_activations(x)
-    qg = q.to(torch.float32).reshape(N, K // 32, 32)
-    dots = torch.einsum("ngj,bgj->bng", qg, x1) + torch.einsum("ngj,bgj->bng", qg, x2) / 254   # exact integers
-    y = (dots * (dd.to(torch.float32)[None] * sx[:, None])).sum(-1)
-    if mm is not None:
-        y = y + sumx @ mm.to(torch.float32).t()
-    if bias is not None:
-        y = y + bias
+    x1, x2 = x1.reshape(B, K // 16, 16), x2.reshape(B, K // 16, 16)
+    sx16 = sx.repeat_interleave(2, dim=1)                                                   # [B, K/16]
+    out = []
+    for t in weights.parts:
+        q, s, m = unpack_tiles(t)
+        qh = q.to(torch.float32).reshape(t.n, K // 16, 16)
+        dots = torch.einsum("nhj,bhj->bnh", qh, x1) + torch.einsum("nhj,bhj->bnh", qh, x2) / 254   # exact integers
+        y = (dots * (s[None] * sx16[:, None])).sum(-1)
+        if m is not None:
+            y = y + sumx @ m.t()
+        out.append(y)
+    y = torch.cat(out, dim=1)
+    if weights.bias is not None:
+        y = y + weights.bias
     return y.to(x.dtype)

@@ -1,14 +1,16 @@
 """A GGUF file's quantized blocks, taken as they are for the quantized linears (rosefast.models.quant): the
-layers' linears when all are Q4_1 (or Q4_0: the same with m = -8 d) or all Q8_0, and a Q8_0 lm_head (the tied
-embedding, or `output.weight`).
+layers' linears in any mix of Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K, Q5_K and Q6_K (as K-quant files such as Q4_K_M
+mix them), and the lm_head (the tied embedding, or `output.weight`) in its own.
 
     blocks = cached_blocks(gguf_path, args, cache_dir)
-    # {"linears": "q4_1" | "q8_0", i: {"qkv": (q, d, m) or (q, d), ...}, "head": (q, d) or absent} or None
+    # {"linears": "q4_1" | "q8_0" | "blocks", "types": {...}, i: {"qkv": [(fmt, blocks), ...], ...}, "head": [...]}
 
 Q4_1 is 20 bytes per 32 weights (fp16 d, fp16 m, 16 bytes of nibbles: weights 0-15 low, 16-31 high),
-W = d q + m; Q4_0 18 (fp16 d, the nibbles), W = d (q - 8); Q8_0 34 (fp16 d, 32 int8), W = d q. The blocks are kept beside the converted model after the
-first start: the gguf package's reader parses every metadata field in Python (~4 s for the embedded model's
-tokenizer on this machine), the blocks' own file loads in milliseconds.
+W = d q + m; Q4_0 18 (fp16 d, the nibbles), W = d (q - 8); Q8_0 34 (fp16 d, 32 int8), W = d q; Q5_0/Q5_1 add
+4 bytes of fifth bits; the K formats hold 256 weights a super-block with 6- or 8-bit scales per 32 or 16 (the
+unpack functions say how). The blocks are kept beside the converted model after the first start: the gguf
+package's reader parses every metadata field in Python (~4 s for the embedded model's tokenizer on this
+machine), the blocks' own file loads in milliseconds.
 """
 import logging
 import os
@@ -24,8 +26,8 @@ log = logging.getLogger("rosefast.engine")
 GROUP = 32
 LINEARS = ("qkv", "o", "gate_up", "down")
 _Q4_0_BYTES, _Q4_1_BYTES, _Q8_0_BYTES = 18, 20, 34
-BLOCKS_FILE = "gguf_blocks.v2.safetensors"   # v2: Qwen q/k rows no longer reordered as Llama's (v1 files are stale)
-_FORMAT = "3"    # 1: Q4_1 linears only, 2: no Q8_0 linears; a file of another format is rebuilt from the GGUF
+BLOCKS_FILE = "gguf_blocks.v3.safetensors"   # v3: any mix of block formats (v2: Qwen q/k rows not reordered)
+_FORMAT = "4"    # 1: Q4_1 linears only, 2: no Q8_0 linears, 3: Q4_1 or Q8_0; another format is rebuilt from the GGUF
 
 
 def unpack_q4_1(raw, n, k):
@@ -55,6 +57,94 @@ def unpack_q8_0(raw, n, k):
     return q.reshape(n, k), d
 
 
+_Q5_0_BYTES, _Q5_1_BYTES, _Q4_K_BYTES, _Q5_K_BYTES, _Q6_K_BYTES = 22, 24, 144, 176, 210
+SUPER = 256   # a K-quant super-block's values
+
+
+def _blocks(raw, n, k, per, size):
+    return np.ascontiguousarray(raw).reshape(n, k // per, size)
+
+
+def _half(b):
+    """uint8 [..., 2] -> fp16 [...]"""
+    return torch.from_numpy(np.ascontiguousarray(b).view(np.float16)[..., 0])
+
+
+def _bits(b, count):
+    """uint8 [..., B] -> their bits, least significant first: uint8 [..., B * 8][:count]"""
+    return np.unpackbits(b, axis=-1, bitorder="little")[..., :count]
+
+
+def unpack_q5_1(raw, n, k):
+    """Q5_1 blocks (fp16 d, fp16 m, 4 bytes of fifth bits, 16 of nibbles) -> (q [n, k] uint8 0..31, d, m):
+    W = d q + m."""
+    blocks = _blocks(raw, n, k, GROUP, _Q5_1_BYTES)
+    return _five_bits(blocks[..., 4:8], blocks[..., 8:], n, k), _half(blocks[..., 0:2]), _half(blocks[..., 2:4])
+
+
+def unpack_q5_0(raw, n, k):
+    """Q5_0 blocks (fp16 d, fifth bits, nibbles) -> Q5_1's (q, d, m): d (q - 16) = d q + m with m = -16 d, exact
+    in fp16."""
+    blocks = _blocks(raw, n, k, GROUP, _Q5_0_BYTES)
+    d = _half(blocks[..., 0:2])
+    return _five_bits(blocks[..., 2:6], blocks[..., 6:], n, k), d, d * -16
+
+
+def _five_bits(qh, qs, n, k):
+    """a 32-value block's fifth bits (uint32, bit j: value j) and nibbles (value j low, j + 16 high)"""
+    low = np.concatenate((qs & 0x0F, qs >> 4), axis=-1)                                    # [n, k/32, 32]
+    return torch.from_numpy((low | (_bits(qh, 32) << 4)).reshape(n, k))
+
+
+def _k_scales(s):
+    """a Q4_K/Q5_K super-block's 12 bytes -> its 8 six-bit scales and 8 mins (llama.cpp's get_scale_min_k4)"""
+    s = s.astype(np.uint8)
+    sc = np.concatenate((s[..., 0:4] & 63, (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)), axis=-1)
+    mn = np.concatenate((s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)), axis=-1)
+    return sc, mn
+
+
+def _k_nibbles(qs):
+    """128 bytes -> 256 values: each 32 bytes hold two 32-value sub-blocks, low nibbles then high"""
+    c = qs.reshape(*qs.shape[:-1], 4, 32)
+    return np.stack((c & 0x0F, c >> 4), axis=-2).reshape(*qs.shape[:-1], SUPER)
+
+
+def unpack_q4_k(raw, n, k):
+    """Q4_K super-blocks (fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles) -> (q [n, k]
+    0..15, d, dmin [n, k / 256] fp16, sc, mn [n, k / 32] uint8): W = d sc q - dmin mn per 32 values."""
+    blocks = _blocks(raw, n, k, SUPER, _Q4_K_BYTES)
+    sc, mn = _k_scales(blocks[..., 4:16])
+    q = _k_nibbles(blocks[..., 16:])
+    return (torch.from_numpy(q.reshape(n, k)), _half(blocks[..., 0:2]), _half(blocks[..., 2:4]),
+            torch.from_numpy(sc.reshape(n, -1)), torch.from_numpy(mn.reshape(n, -1)))
+
+
+def unpack_q5_k(raw, n, k):
+    """Q5_K super-blocks (Q4_K's, then 32 bytes of fifth bits before the nibbles: bit i of byte l is value l of
+    sub-block i) -> Q4_K's tuple with q 0..31."""
+    blocks = _blocks(raw, n, k, SUPER, _Q5_K_BYTES)
+    sc, mn = _k_scales(blocks[..., 4:16])
+    q = _k_nibbles(blocks[..., 48:]).reshape(n, k // SUPER, 8, 32)
+    high = _bits(blocks[..., 16:48, None], 8)                                              # [n, S, 32 (l), 8 (i)]
+    q = q | (np.swapaxes(high, -1, -2) << 4)
+    return (torch.from_numpy(q.reshape(n, k)), _half(blocks[..., 0:2]), _half(blocks[..., 2:4]),
+            torch.from_numpy(sc.reshape(n, -1)), torch.from_numpy(mn.reshape(n, -1)))
+
+
+def unpack_q6_k(raw, n, k):
+    """Q6_K super-blocks (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d) -> (q [n, k]
+    0..63, d [n, k / 256] fp16, sc [n, k / 16] int8): W = d sc (q - 32) per 16 values."""
+    blocks = _blocks(raw, n, k, SUPER, _Q6_K_BYTES)
+    ql = blocks[..., 0:128].reshape(n, -1, 2, 2, 32)            # [n, S, half, byte run r2, l]
+    qh = blocks[..., 128:192].reshape(n, -1, 2, 32)             # [n, S, half, l]
+    low = np.stack((ql & 0x0F, ql >> 4), axis=-3)               # [n, S, half, nibble, r2, l]: value 64 nib + 32 r2 + l
+    high = np.stack([(qh >> (2 * r)) & 3 for r in range(4)], axis=-2)   # [n, S, half, r, l]: value 32 r + l
+    q = low.reshape(n, -1, 2, 4, 32) | (high << 4)
+    sc = blocks[..., 192:208].copy().view(np.int8)
+    return torch.from_numpy(q.reshape(n, k)), _half(blocks[..., 208:210]), torch.from_numpy(sc.reshape(n, -1))
+
+
 def dequantize_q4_1(q, d, m):
     """Q4_1 in fp32 as gguf computes it: d q + m per group."""
     n, k = q.shape
@@ -72,41 +162,66 @@ def _rope_rows(n, heads):
     return torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
 
 
+def _kinds():
+    import gguf
+
+    t = gguf.GGMLQuantizationType
+    return {t.Q4_1: ("q4_1", unpack_q4_1), t.Q4_0: ("q4_1", unpack_q4_0), t.Q8_0: ("q8_0", unpack_q8_0),
+            t.Q5_1: ("q5_1", unpack_q5_1), t.Q5_0: ("q5_1", unpack_q5_0), t.Q4_K: ("q4_k", unpack_q4_k),
+            t.Q5_K: ("q5_k", unpack_q5_k), t.Q6_K: ("q6_k", unpack_q6_k)}
+
+
+def _merge(parts):
+    """[(fmt, blocks), ...] one after another along the rows -> the same with neighbours of one format joined"""
+    out = []
+    for fmt, blocks in parts:
+        if out and out[-1][0] == fmt:
+            out[-1] = (fmt, tuple(torch.cat((a, b)) for a, b in zip(out[-1][1], blocks)))
+        else:
+            out.append((fmt, blocks))
+    return out
+
+
 def gguf_blocks(path, args):
-    """The blocks of a GGUF whose linear weights are all Q4_1, all Q4_0 (as Q4_1) or all Q8_0 (our fused q|k|v and gate|up rows;
-    q/k rows in Hugging Face's order: llama.cpp's reordering undone where the family has it), plus "head": (q, d) when its lm_head is Q8_0; or None when the linears
-    are neither."""
+    """The blocks of a GGUF whose layers' linear weights are all in block formats the kernels take (Q4_0/Q4_1,
+    Q5_0/Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; mixed as K-quant files mix them), as our fused q|k|v and gate|up: each a
+    list of parts [(fmt, blocks)] along the rows, one per run of one format (quant_tiles' formats; q/k rows in
+    Hugging Face's order: llama.cpp's reordering undone where the family has it); "head": [(fmt, blocks)] for the
+    lm_head (the tied embedding, or `output.weight`) when it is in one of those formats other than Q4_0/Q4_1;
+    "linears": "q4_1" or "q8_0" when every linear is that, else "blocks"; "types": {GGML type name: tensors}.
+    None when a linear is in another type (F16, IQ, Q2_K, Q3_K ...): the model is then served as converted."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
+    kinds = _kinds()
     names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
              "down": "ffn_down"}
-    kinds = {gguf.GGMLQuantizationType.Q4_1: ("q4_1", unpack_q4_1), gguf.GGMLQuantizationType.Q4_0: ("q4_1", unpack_q4_0),
-             gguf.GGMLQuantizationType.Q8_0: ("q8_0", unpack_q8_0)}
-    first = tensors.get(f"blk.0.{names['q']}.weight")
-    if first is None or first.tensor_type not in kinds:
-        return None
-    kind, unpack = kinds[first.tensor_type]
-    layers = {"linears": kind}
+    layers, types = {}, {}
     for i in range(args.num_layers):
         parts = {}
         for short, name in names.items():
             t = tensors.get(f"blk.{i}.{name}.weight")
-            if t is None or t.tensor_type != first.tensor_type:
+            if t is None or t.tensor_type not in kinds:
                 return None
+            fmt, unpack = kinds[t.tensor_type]
             k, n = (int(x) for x in t.shape)    # GGUF lists the shape innermost first
             part = unpack(t.data, n, k)
             if short in ("q", "k") and FAMILIES[args.family].gguf_qk_permuted:
                 rows = _rope_rows(n, args.num_heads if short == "q" else args.num_kv_heads)
                 part = tuple(x[rows] for x in part)
-            parts[short] = part
-        cat = lambda *keys: tuple(torch.cat([parts[x][j] for x in keys]) for j in range(len(parts["q"])))  # noqa: E731
-        layers[i] = {"qkv": cat("q", "k", "v"), "o": parts["o"], "gate_up": cat("gate", "up"), "down": parts["down"]}
+            parts[short] = (fmt, part)
+            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+        layers[i] = {"qkv": _merge([parts[x] for x in "qkv"]), "o": [parts["o"]],
+                     "gate_up": _merge([parts["gate"], parts["up"]]), "down": [parts["down"]]}
+    fmts = {fmt for i in range(args.num_layers) for p in layers[i].values() for fmt, _ in p}
+    layers["linears"] = fmts.pop() if len(fmts) == 1 and fmts <= {"q4_1", "q8_0"} else "blocks"
+    layers["types"] = types
     head = tensors.get("token_embd.weight" if args.tie_word_embeddings else "output.weight")
-    if head is not None and head.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+    if head is not None and head.tensor_type in kinds and kinds[head.tensor_type][0] != "q4_1":
+        fmt, unpack = kinds[head.tensor_type]
         k, n = (int(x) for x in head.shape)
-        layers["head"] = unpack_q8_0(head.data, n, k)
+        layers["head"] = [(fmt, unpack(head.data, n, k))]
     return layers
 
 
@@ -129,52 +244,69 @@ def cached_blocks(gguf_path, args, cache_dir):
     return layers
 
 
+_FIELDS = {"q4_1": ("q", "d", "m"), "q8_0": ("q", "d"), "q5_1": ("q", "d", "m"), "q4_k": ("q", "d", "dmin", "sc", "mn"),
+           "q5_k": ("q", "d", "dmin", "sc", "mn"), "q6_k": ("q", "d", "sc")}
+_NIBBLES = ("q4_1", "q4_k")   # q kept two a byte in the cache
+
+
+def _entries(layers):
+    for i, parts in layers.items():
+        if i == "head":
+            yield "head", parts
+        elif isinstance(i, int):
+            for name, linear in parts.items():
+                yield f"{i}.{name}", linear
+
+
 def _save_blocks(path, layers):
+    import json
+
     from safetensors.torch import save_file
 
-    tensors = {}
-    for i, parts in (layers or {}).items():
-        if i == "linears":
-            continue
-        if i == "head":
-            tensors["head.q"], tensors["head.d"] = parts[0].contiguous(), parts[1].contiguous()
-            continue
-        for name, part in parts.items():
-            if len(part) == 3:   # Q4_1: two 4-bit values a byte
-                q, d, m = part
-                tensors[f"{i}.{name}.q"] = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
-                tensors[f"{i}.{name}.m"] = m.contiguous()
-            else:
-                q, d = part
-                tensors[f"{i}.{name}.q8"] = q.contiguous()
-            tensors[f"{i}.{name}.d"] = d.contiguous()
+    tensors, formats = {}, {}
+    for key, parts in _entries(layers or {}):
+        formats[key] = [fmt for fmt, _ in parts]
+        for p, (fmt, blocks) in enumerate(parts):
+            for field, x in zip(_FIELDS[fmt], blocks):
+                if field == "q" and fmt in _NIBBLES:
+                    x = x[:, 0::2] | (x[:, 1::2] << 4)
+                tensors[f"{key}.{p}.{field}"] = x.contiguous()
+    meta = {"format": _FORMAT, "linears": layers["linears"] if layers else "none"}
+    if layers:
+        meta.update(formats=json.dumps(formats), types=json.dumps(layers["types"]))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp), metadata={"format": _FORMAT, "linears": layers["linears"] if layers else "none"})
+    save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, path)
-    (path.parent / "q4_1_blocks.safetensors").unlink(missing_ok=True)   # the first format's file, superseded
+    for old in ("q4_1_blocks.safetensors", "gguf_blocks.v2.safetensors"):   # earlier formats' files, superseded
+        (path.parent / old).unlink(missing_ok=True)
 
 
 def _load_blocks(path, args):
+    import json
+
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as f:
         meta = f.metadata()
         if meta.get("format") != _FORMAT:
             raise ValueError(f"format {meta.get('format')!r}, not {_FORMAT}")
-        if meta.get("linears") not in ("q4_1", "q8_0"):
+        if meta.get("linears") == "none":
             return None
-        layers = {"linears": meta["linears"]}
-        for i in range(args.num_layers):
-            layers[i] = {}
-            for name in LINEARS:
+        layers = {"linears": meta["linears"], "types": json.loads(meta["types"])}
+        for key, fmts in json.loads(meta["formats"]).items():
+            parts = []
+            for p, fmt in enumerate(fmts):
                 # copies: nothing may keep the file's mapping (a later start may replace the file)
-                d = f.get_tensor(f"{i}.{name}.d").clone()
-                if layers["linears"] == "q4_1":
-                    packed = f.get_tensor(f"{i}.{name}.q")
-                    q = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
-                    layers[i][name] = (q, d, f.get_tensor(f"{i}.{name}.m").clone())
-                else:
-                    layers[i][name] = (f.get_tensor(f"{i}.{name}.q8").clone(), d)
-        if "head.q" in f.keys():
-            layers["head"] = (f.get_tensor("head.q").clone(), f.get_tensor("head.d").clone())
+                blocks = [f.get_tensor(f"{key}.{p}.{field}").clone() for field in _FIELDS[fmt]]
+                if fmt in _NIBBLES:
+                    packed = blocks[0]
+                    blocks[0] = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+                parts.append((fmt, tuple(blocks)))
+            if key == "head":
+                layers["head"] = parts
+            else:
+                i, name = key.split(".")
+                layers.setdefault(int(i), {})[name] = parts
+        if any(i not in layers for i in range(args.num_layers)):
+            raise ValueError(f"{args.num_layers} layers expected")
     return layers

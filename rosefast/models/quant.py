@@ -24,7 +24,7 @@ from torch import nn
 from rosefast.models import quant_ops
 from rosefast.models.gguf_blocks import GROUP, LINEARS, cached_blocks, dequantize_q8_0
 from rosefast.models.packed import PackedLinear
-from rosefast.models.quant_tiles import pack_q4_1_tiles, pack_q8_0_tiles
+from rosefast.models.quant_tiles import dequantize_tiles, pack_tiles, unpack_tiles
 
 log = logging.getLogger("rosefast.engine")
 
@@ -38,19 +38,66 @@ def block_kernels(setting="auto"):
 
 
 class _TiledLinear(nn.Module):
-    """What the two quantized linears share: run on our kernels' tiles, or on torch's op."""
+    """What the quantized linears share: run on our kernels' tiles (self.weights), or on torch's op."""
 
-    def _tiled(self, x, m, q8):
+    def _on_tiles(self, tiles):
+        self.weights = quant_ops.impl.Weights(tiles, self.bias, self.in_features)
+
+    def _tiled(self, x):
         dt = x.dtype
         if x.dim() == 2 and (dt is torch.float32 or dt is torch.bfloat16):   # the model's case: no reshaping
             # (each no-op reshape, view or .to costs 0.5-4 us here, 120 linears a step)
-            return self.kernels.linear(x.contiguous(), self.tiles, self.d, m, self.bias, self.out_features, q8)
+            return self.kernels.linear(x.contiguous(), self.weights)
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16 if dt is torch.bfloat16 else torch.float32)
-        y = self.kernels.linear(x2.contiguous(), self.tiles, self.d, m, self.bias, self.out_features, q8)
+        y = self.kernels.linear(x2.contiguous(), self.weights)
         return y.to(dt).view(*x.shape[:-1], self.out_features)
 
     def _bias(self, bias):
         return None if bias is None else bias.detach().to(torch.float32 if self.kernels else torch.bfloat16)
+
+    def _tiles_nbytes(self):
+        return sum(t.nbytes() for t in self.weights.parts)
+
+    def formats(self):
+        """The block formats of its parts, in order ("torch" on torch's op)."""
+        return [t.fmt for t in self.weights.parts] if self.kernels is not None else ["torch"]
+
+
+class BlockLinear(_TiledLinear):
+    """y = x W^T + b on our kernels with W as a GGUF file holds it: parts (quant_tiles.Tiles) one after another
+    along the outputs, each in its own block format (a fused q|k|v whose v is Q6_K and q, k Q4_K)."""
+
+    def __init__(self, tiles, bias=None, kernels="auto"):
+        super().__init__()
+        self.kernels = block_kernels(kernels)
+        if self.kernels is None:
+            raise ValueError("BlockLinear runs on the compiled block kernels; on torch's ops use torch_linear()")
+        self.in_features, self.out_features = tiles[0].in_features, sum(t.n for t in tiles)
+        self.bias = self._bias(bias)
+        self._on_tiles(tiles)
+
+    def forward(self, x):
+        return self._tiled(x)
+
+    def nbytes(self):
+        return self._tiles_nbytes()
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"{'|'.join(f.upper() for f in self.formats())} on {self.kernels.name} block kernels")
+
+
+def torch_linear(tiles, bias=None):
+    """A file's blocks where torch's weight-only ops run them: Q4_1 (Q4_0) as they are, Q8_0 per channel, and any
+    other format dequantized once and quantized again (4-bit formats to Q4_1, the rest to int8 per channel)."""
+    fmts = {t.fmt for t in tiles}
+    if fmts == {"q4_1"}:
+        q, s, m = (torch.cat(x) for x in zip(*(unpack_tiles(t) for t in tiles)))
+        return Int4Linear(q.to(torch.uint8), s[:, ::2].to(torch.float16), m.to(torch.float16), bias, None)
+    weight = torch.cat([dequantize_tiles(t) for t in tiles])
+    if fmts <= {"q4_1", "q4_k"}:
+        return Int4Linear(*quantize_q4_1(weight), bias, None)
+    return Int8Linear(*quantize_int8(weight), bias, None)
 
 
 class Int4Linear(_TiledLinear):
@@ -65,8 +112,7 @@ class Int4Linear(_TiledLinear):
         self.kernels = block_kernels(kernels)
         self.bias = self._bias(bias)
         if self.kernels is not None:
-            self.tiles, self.d, self.m = pack_q4_1_tiles(q, d, m)
-            quant_ops.impl.check_tiles(self.tiles, self.d, self.m, self.bias, *q.shape, False)
+            self._on_tiles([pack_tiles("q4_1", (q, d, m))])
             return
         scale, zero = d.to(torch.float32), m.to(torch.float32) + 8 * d.to(torch.float32)
         self.scales_zeros = torch.stack((scale.t(), zero.t()), dim=-1).to(torch.bfloat16).contiguous()  # [K/G, N, 2]
@@ -74,7 +120,7 @@ class Int4Linear(_TiledLinear):
 
     def forward(self, x):
         if self.kernels is not None:
-            return self._tiled(x, self.m, False)
+            return self._tiled(x)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
         if self.bias is not None:
             y = y + self.bias
@@ -82,7 +128,7 @@ class Int4Linear(_TiledLinear):
 
     def nbytes(self):
         if self.kernels is not None:
-            return self.tiles.numel() + 2 * (self.d.numel() + self.m.numel())
+            return self._tiles_nbytes()
         return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
 
     def extra_repr(self):
@@ -102,8 +148,7 @@ class Int8Linear(_TiledLinear):
         self.bias = self._bias(bias)
         if self.kernels is not None:
             blocks = scale if scale.dim() == 2 else scale[:, None].expand(-1, self.in_features // GROUP)
-            self.tiles, self.d = pack_q8_0_tiles(q, blocks)
-            quant_ops.impl.check_tiles(self.tiles, self.d, None, self.bias, *q.shape, True)
+            self._on_tiles([pack_tiles("q8_0", (q, blocks))])
             return
         if scale.dim() == 2:
             q, scale = quantize_int8(dequantize_q8_0(q, scale))
@@ -118,7 +163,7 @@ class Int8Linear(_TiledLinear):
 
     def forward(self, x):
         if self.kernels is not None:
-            return self._tiled(x, None, True)
+            return self._tiled(x)
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
         if self.bias is not None:
             y = y + self.bias
@@ -126,7 +171,7 @@ class Int8Linear(_TiledLinear):
 
     def nbytes(self):
         if self.kernels is not None:
-            return self.tiles.numel() + 2 * self.d.numel()
+            return self._tiles_nbytes()
         return self.q.numel() + self.scale.numel() * 2
 
     def extra_repr(self):
@@ -175,25 +220,42 @@ def check_mode(mode, device):
 def head_mode(setting, linears):
     """The lm_head's quantization for a `quantize_lm_head` setting, the linears' mode being `linears`: "auto" is
     int8 when the linears are quantized (see README, quantized linears: 1.3-3 ms a step less than the bf16 head at
-    batch 1, unlike int4's, which costs the most accuracy), else none; "true" is the linears' own mode."""
+    batch 1, unlike int4's, which costs the most accuracy; a GGUF's own head blocks where it has them), else none;
+    "true" is the linears' own mode."""
     if setting == "true":
-        return linears
+        return "int8" if linears == "blocks" else linears
     if setting == "auto":
-        return "int8" if linears in ("int8", "int4") else "none"
+        return "int8" if linears in ("int8", "int4", "blocks") else "none"
     return setting
+
+
+def _from_file(parts, bias, kernels):
+    """A linear from a GGUF's blocks [(fmt, blocks), ...]: Q4_1 and Q8_0 alone as Int4Linear / Int8Linear, any
+    other format or mix on our kernels as they are, or on torch's ops as torch_linear makes them."""
+    if len(parts) == 1 and parts[0][0] == "q4_1":
+        return Int4Linear(*parts[0][1], bias, kernels)
+    if len(parts) == 1 and parts[0][0] == "q8_0":
+        return Int8Linear(*parts[0][1], bias, kernels)
+    tiles = [pack_tiles(fmt, blocks) for fmt, blocks in parts]
+    return BlockLinear(tiles, bias, kernels) if kernels is not None else torch_linear(tiles, bias)
+
+
+def _described(parts):
+    return "|".join(fmt.upper() for fmt, _ in parts)
 
 
 def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, kernels="auto"):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head, by `head_mode(head, mode)`) by quantized
     ones; a GGUF file's blocks are taken as they are where they are the mode's own (Q4_1 linears for int4,
-    Q8_0 for int8, a Q8_0 head for an int8 head; kept in `cache_dir` for the next start); "auto" is the
-    file's own mode when its linears are Q4_1 or Q8_0, else nothing; `kernels`: a cpu_kernels setting. Returns
-    (layers replaced, source)."""
+    Q8_0 for int8; any other block formats for auto; the file's own head blocks for an int8 head; kept in
+    `cache_dir` for the next start); "auto" is the file's own blocks, whatever their formats, when every linear
+    is in one the kernels take, else nothing; `kernels`: a cpu_kernels setting. Returns (layers replaced,
+    source)."""
     if mode == "none":
         return 0, None
     kernels = block_kernels(kernels)
     from_file = cached_blocks(gguf_path, model.args, cache_dir) if gguf_path is not None else None
-    own = {"q4_1": "int4", "q8_0": "int8"}.get(from_file["linears"]) if from_file is not None else None
+    own = {"q4_1": "int4", "q8_0": "int8", "blocks": "blocks"}.get(from_file["linears"]) if from_file else None
     if mode == "auto":
         if own is None or next(model.parameters()).device.type != "cpu":
             return 0, None
@@ -203,28 +265,38 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
         for name in LINEARS:
             linear = getattr(layer, name)
             bias = linear.bias
-            blocks = from_file[i][name] if own == mode else None
-            if mode == "int4":
-                setattr(layer, name, Int4Linear(*(blocks or quantize_q4_1(linear.weight)), bias, kernels))
+            if own == mode:
+                setattr(layer, name, _from_file(from_file[i][name], bias, kernels))
+            elif mode == "int4":
+                setattr(layer, name, Int4Linear(*quantize_q4_1(linear.weight), bias, kernels))
             else:
-                setattr(layer, name, Int8Linear(*blocks, bias, kernels) if blocks
-                        else Int8Linear.from_weight(linear.weight, bias, kernels))
+                setattr(layer, name, Int8Linear.from_weight(linear.weight, bias, kernels))
             count += 1
     head = head_mode(head, mode)
     head_source = "quantized at load"
     if head != "none":
         weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
+        file_head = from_file.get("head") if from_file is not None else None
         if head == "int4":
             model.lm_head = Int4Linear(*quantize_q4_1(weight), kernels=kernels)
-        elif from_file is not None and "head" in from_file:
-            model.lm_head, head_source = Int8Linear(*from_file["head"], kernels=kernels), "the GGUF's Q8_0 blocks"
+        elif file_head is not None and (kernels is not None or file_head[0][0] == "q8_0"):
+            model.lm_head, head_source = _from_file(file_head, None, kernels), f"the GGUF's {_described(file_head)} blocks"
         else:
             model.lm_head = Int8Linear.from_weight(weight, kernels=kernels)
         count += 1
-    source = f"the GGUF's {from_file['linears'].upper()} blocks" if own == mode else "quantized at load"
-    on = f"our {kernels.name} block kernels" if kernels is not None else "torch's weight-only ops (bf16 numbers)"
-    log.info("quantization %s: %d linear layers (%s), lm_head %s (%s), on %s", mode, count, source, head,
-             head_source if head != "none" else "as loaded", on)
+    if own == mode:
+        source = f"the GGUF's {from_file['linears'].upper()} blocks" if mode != "blocks" else "the GGUF's blocks"
+        types = ", ".join(f"{n} {c}" for n, c in sorted(from_file["types"].items()))
+        source += f" ({types} tensors)" if mode == "blocks" else ""
+    else:
+        source = "quantized at load"
+    on = f"our {kernels.name} block kernels" if kernels is not None else (
+        "torch's weight-only ops (bf16 numbers" + (": blocks dequantized once and quantized again to Q4_1 or int8)"
+                                                   if mode == "blocks" else ")"))
+    total, params = weight_bytes(model)
+    log.info("quantization %s: %d linear layers (%s), lm_head %s (%s), on %s; weights %.1f MB, %.2f bits a "
+             "weight", mode, count, source, head, head_source if head != "none" else "as loaded", on, total / 1e6,
+             8 * total / max(params, 1))
     return count, source
 
 
@@ -232,7 +304,7 @@ def weight_bytes(model):
     """(bytes of the weights as served, their count) — quantized layers at their packed size."""
     total = params = 0
     for module in model.modules():
-        if isinstance(module, (Int4Linear, Int8Linear)):
+        if isinstance(module, _TiledLinear):
             total += module.nbytes()
             params += module.out_features * module.in_features
         elif isinstance(module, PackedLinear):   # oneDNN's bf16 copy (of the embedding too, for a tied head)
