@@ -293,8 +293,9 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
     on = f"our {kernels.name} block kernels" if kernels is not None else (
         "torch's weight-only ops (bf16 numbers" + (": blocks dequantized once and quantized again to Q4_1 or int8)"
                                                    if mode == "blocks" else ")"))
-    total, params = weight_bytes(model)
-    log.info("quantization %s: %d linear layers (%s), lm_head %s (%s), on %s; weights %.1f MB, %.2f bits a "
+    tiled = [m for m in model.modules() if isinstance(m, _TiledLinear)]
+    total, params = sum(m.nbytes() for m in tiled), sum(m.out_features * m.in_features for m in tiled)
+    log.info("quantization %s: %d linear layers (%s), lm_head %s (%s), on %s; those layers %.1f MB, %.2f bits a "
              "weight", mode, count, source, head, head_source if head != "none" else "as loaded", on, total / 1e6,
              8 * total / max(params, 1))
     return count, source
