@@ -1,9 +1,10 @@
-"""rosefast beside llama.cpp's `llama-server` on the same GGUF (the embedded SmolLM2 Q4_1), the same lean SSE
+"""rosefast beside llama.cpp's `llama-server` on the same GGUF (the embedded SmolLM2 Q4_1, or --model), the same lean SSE
 client, one run: greedy (or --temperature) completions streamed at 1 and 32 concurrent requests, alternating rounds; TTFT, ITL
 and tok/s side by side. llama-server is built from the vendored source of the llama-cpp-python sdist
 (README: "Beside llama.cpp").
 
     python -m benches.llama_cpp --llama-server /path/to/llama-server --tokens 128 --rounds 2
+    python -m benches.llama_cpp --llama-server ... --model smollm2-135m-q4_k_m.gguf    # another GGUF, both servers
 """
 import argparse
 import os
@@ -28,9 +29,10 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--quantization", default="auto", help="rosefast's ROSEFAST_QUANTIZATION")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled at it (top_p 1)")
+    p.add_argument("--model", default=None, help="a .gguf both servers load (default: the embedded SmolLM2 Q4_1)")
     a = p.parse_args(argv)
     levels = [int(c) for c in a.concurrent.split(",")]
-    gguf = str(default_gguf_path())
+    gguf = os.path.abspath(a.model) if a.model else str(default_gguf_path())
     slots = max(levels)
     servers = {}
     try:
@@ -38,7 +40,8 @@ def main(argv=None):
                                                    "-c", str(slots * (a.tokens + 64)), "-np", str(slots),
                                                    "-t", str(a.threads), "--no-webui"], startup_timeout=300)
         servers["rosefast"] = Server({"ROSEFAST_QUANTIZATION": a.quantization, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 0,
-                                      "ROSEFAST_GENERATION_CONFIG": "none"}, startup_timeout=600)
+                                      "ROSEFAST_GENERATION_CONFIG": "none",
+                                      **({"ROSEFAST_MODEL": gguf} if a.model else {})}, startup_timeout=600)
         for url in (s.url for s in servers.values()):
             run(url, 2, 8)   # warm
         rows = []

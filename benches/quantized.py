@@ -5,6 +5,7 @@ time at a 64-token context (the steadier measure on a shared machine: the best o
 and where the layers run as one call each (rosefast.models.decode_layer) the same step one op at a time.
 
     python -m benches.quantized --tokens 64 [--cpu-kernels avx2]     # a kernel tier (ROSEFAST_CPU_KERNELS)
+    python -m benches.quantized --model q4_k_m.gguf --modes none,auto  # a GGUF's own blocks (auto), any formats
 """
 import argparse
 import time
@@ -14,7 +15,7 @@ import torch
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
 from rosefast.models import resolve_model
-from rosefast.models.quant import Int4Linear, Int8Linear
+from rosefast.models.quant import BlockLinear, Int4Linear, Int8Linear
 from rosefast.models.quant_ops import pick
 from benches.decode_step import ours_step, timed
 
@@ -36,7 +37,7 @@ def step_bytes(model):
     """Bytes a decode step reads at batch 1: every linear's weights and the lm_head (not the embedding table)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, (Int4Linear, Int8Linear)):
+        if isinstance(module, (Int4Linear, Int8Linear, BlockLinear)):
             total += module.nbytes()
         elif hasattr(module, "packed") and hasattr(module, "in_features"):   # a PackedLinear (bf16)
             total += module.out_features * module.in_features * 2
@@ -64,6 +65,8 @@ def main(argv=None):
     p.add_argument("--concurrent", default="1,8,32")
     p.add_argument("--step-runs", type=int, default=3)
     p.add_argument("--cpu-kernels", default="auto", help="the quantized linears' kernels: auto, a tier, torch")
+    p.add_argument("--modes", default="none,int8,int4", help="ROSEFAST_QUANTIZATION values (auto: a GGUF's own "
+                   "blocks, with its own head)")
     a = p.parse_args(argv)
     levels = [int(c) for c in a.concurrent.split(",")]
     bw = bandwidth_gb_s()
@@ -74,8 +77,9 @@ def main(argv=None):
           " | ".join(f"c={c} tok/s" for c in levels) + " |")
     print("|---|---|---|---|---|---|" + "---|" * len(levels))
     rows = []
-    for mode in ("none", "int8", "int4"):
-        for head in {"none": ("none",), "int8": ("none", "int8"), "int4": ("none", "int8", "int4")}[mode]:
+    for mode in a.modes.split(","):
+        for head in {"none": ("none",), "int8": ("none", "int8"), "int4": ("none", "int8", "int4"),
+                     "auto": ("auto",)}[mode]:
             engine = LLMEngine(model=resolve_model(a.model), dtype=a.dtype, device="cpu", kv_cache_tokens=8192,
                                quantization=mode, quantize_lm_head=head, cpu_kernels=a.cpu_kernels)
             size = step_bytes(engine.runner.model)

@@ -28,7 +28,8 @@ class EngineConfig:
     num_threads: int = 0               # torch intra-op threads on CPU; 0: torch's default
     stand_in_step_ms: float = 0.0      # model "stand-in" (no forward pass): how long each step takes
     quantization: str = "none"         # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quant);
-                                       # auto: int4 for a GGUF whose linears are Q4_1, on CPU; else none
+                                       # auto: a GGUF's own blocks on CPU (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K,
+                                       # Q5_K, Q6_K, any mix); else none
     quantize_lm_head: str = "auto"     # the lm_head's: none, int8, int4; true: as the linears; auto: int8 when
                                        # the linears are quantized, else none (rosefast.models.quant.head_mode)
     cpu_kernels: str = "auto"          # the quantized linears' kernels: auto (the best tier this CPU runs),

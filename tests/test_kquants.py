@@ -134,6 +134,8 @@ def test_a_mixed_k_quant_file_is_served_from_its_own_blocks(mixed, caplog):
     """Each tensor in its own type (a fused q|k|v of Q4_K and Q6_K parts), the head from its Q6_K blocks, the
     decode step one call per layer; the output follows the unquantized engine on the file's dequantized numbers
     (the only difference: the activations' two int8 digits)."""
+    if quant_ops.pick("auto") is None:
+        pytest.skip("no compiled kernel tier here (or ROSEFAST_CPU_KERNELS=torch): the torch-ops test covers it")
     base_engine, base_ids, base_ll = _run(mixed, "none")
     with caplog.at_level("INFO", logger="rosefast.engine"):
         engine, ids, ll = _run(mixed, "auto")
@@ -194,3 +196,11 @@ def test_a_mixed_file_serves_over_http_as_the_engine_generates(mixed):
         assert "the GGUF's blocks (Q4_K 7" in server.log_path.read_text(errors="replace")
     finally:
         server.stop()
+
+
+def test_the_block_formats_benchmark_runs_every_format_on_every_tier_here():
+    from benches import block_formats
+
+    rows = block_formats.main(["--batches", "1", "--copies", "1", "--formats", "q4_k,q6_k"])
+    assert [(fmt, tier) for fmt, tier, *_ in rows] == [(f, t) for f in ("q4_k", "q6_k") for t in TIERS]
+    assert all(4.5 < bits < 6.7 and times[0] > 0 for _, _, bits, times in rows)

@@ -1,20 +1,23 @@
 """Weight-only quantized linear layers on CPU (ROSEFAST_QUANTIZATION): int4 as GGUF's Q4_1 (group 32, a scale
-and a min) and int8 as its Q8_0 (group 32, a scale) or per output channel.
+and a min), int8 as its Q8_0 (group 32, a scale) or per output channel, and a GGUF file's own blocks in any of
+the formats the kernels take (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; a K-quant file such as Q4_K_M mixes
+them tensor by tensor).
 
-    count, source = quantize_linears(model, "int4", gguf_path)   # the file's blocks, else quantized at load
+    count, source = quantize_linears(model, "auto", gguf_path)   # the file's blocks, else quantized at load
 
 int4 is y = x W^T with W[n, k] = d[n, g] q[n, k] + m[n, g] (g = k // 32, q in 0..15): Q4_1 exactly. A GGUF
-file's Q4_1 (or Q4_0, or Q8_0) blocks and a Q8_0 lm_head are taken as they are — no dequantize-and-requantize round trip — and
-a Hugging Face directory is quantized at load with the same scheme (per group: d = (max - min) / 15, m = min;
-Q8_0: d = max |W| / 127).
+file's blocks and its lm_head's are taken as they are — no dequantize-and-requantize round trip; a fused q|k|v
+whose parts differ in type is one BlockLinear of three parts — and a Hugging Face directory is quantized at load
+with Q4_1's scheme (per group: d = (max - min) / 15, m = min; Q8_0: d = max |W| / 127).
 
 Two ways to run them. Our kernels (rosefast.models.quant_ops, csrc/quant_kernels.h), on the tier the CPU runs
-(AVX-512 VNNI, AVX-VNNI, AVX2, or portable C; ROSEFAST_CPU_KERNELS picks one), on the blocks' own numbers (fp16 d
-and m, re-laid out in tiles of 16 rows), the activations as two int8 digits per 32 inputs (finer than bf16; one
-digit, llama.cpp's way, parted greedy texts): 1.5-3x torch's ops on AVX-512 VNNI. Or torch's CPU weight-only ops
-(the pure-Python flavour, or ROSEFAST_CPU_KERNELS=torch): int4 with d and the zero m + 8 d rounded to bf16 (torch
-computes (q - 8) scale + zero), int8 per output channel (s = max |W[n]| / 127; Q8_0 blocks are re-quantized so),
-on bf16 activations (their fp32 path is 20-60x slower): the numbers of a bf16 model, no longer the file's.
+(AVX-512 VNNI, AVX-VNNI, AVX2, NEON or portable C; ROSEFAST_CPU_KERNELS picks one), on the blocks' own numbers
+(re-laid out in tiles of 16 rows), the activations as two int8 digits per 32 inputs (finer than bf16; one digit,
+llama.cpp's way, parted greedy texts): 1.5-3x torch's ops on AVX-512 VNNI. Or torch's CPU weight-only ops (the
+pure-Python flavour, or ROSEFAST_CPU_KERNELS=torch): int4 with d and the zero m + 8 d rounded to bf16 (torch
+computes (q - 8) scale + zero), int8 per output channel (s = max |W[n]| / 127; Q8_0 blocks are re-quantized so;
+the other formats dequantized once and quantized again to these), on bf16 activations (their fp32 path is 20-60x
+slower): the numbers of a bf16 model, no longer the file's.
 """
 import logging
 

@@ -1,8 +1,9 @@
-"""Linears on GGUF's Q4_1 / Q8_0 blocks: the compiled flavour (csrc/quant_kernels.h, a tier per CPU family) or
-its torch twin (ROSEFAST_NO_EXTENSIONS=1, and for tests).
+"""Linears on GGUF's block formats: the compiled flavour (csrc/quant_kernels.h, a tier per CPU family) or its
+torch twin (ROSEFAST_NO_EXTENSIONS=1, and for tests).
 
     kernels = pick("auto")       # ROSEFAST_CPU_KERNELS: the best tier this CPU runs, a named one, or None
-    if kernels is not None: y = kernels.linear(x, w, d, m, bias, out_features, q8)   # tiles from quant_tiles
+    weights = impl.Weights(tiles, bias, in_features)          # once: quant_tiles.Tiles, one or more parts
+    if kernels is not None: y = kernels.linear(x, weights)
 """
 import os
 
