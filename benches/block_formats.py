@@ -32,7 +32,7 @@ def _blocks(fmt, seed):
         return "q4_1", quantize_q4_1(w)
     if fmt == "q8_0":
         return "q8_0", quantize_q8_0(w)
-    kind, unpack, ours, scales = {"q5_0": (T.Q5_0, gguf_blocks.unpack_q5_0, "q5_1", (0,)),
+    kind, unpack, ours, scales = {"q5_0": (T.Q5_0, gguf_blocks.unpack_q5_0, "q5_0", (0,)),
                                   "q4_k": (T.Q4_K, gguf_blocks.unpack_q4_k, "q4_k", (0, 2)),
                                   "q5_k": (T.Q5_K, gguf_blocks.unpack_q5_k, "q5_k", (0, 2)),
                                   "q6_k": (T.Q6_K, gguf_blocks.unpack_q6_k, "q6_k", (208,))}[fmt]

@@ -11,7 +11,8 @@
  *
  *   format  q            s                          m                  bits a weight (file / tiles)
  *   Q4_1    0..15        d                          m                  5 / 5       (Q4_0: m = -8 d)
- *   Q5_1    0..31        d                          m                  6 / 6       (Q5_0: m = -16 d)
+ *   Q5_0    0..31 - 16   d                          -                  5.5 / 5.5
+ *   Q5_1    0..31        d                          m                  6 / 6
  *   Q8_0    -128..127    d                          -                  8.5 / 8.5
  *   Q4_K    0..15        d sc[g]                    -dmin mn[g]        4.5 / 4.625 (sc, mn 6-bit; d, dmin a 256)
  *   Q5_K    0..31        d sc[g]                    -dmin mn[g]        5.5 / 5.625
@@ -28,9 +29,9 @@
  *   then, for Q5_1/Q5_K one and for Q6_K two bit planes of 64 bytes: byte 4 j + b of plane p holds, in its bit
  *         k, bit 4 + p of row j's weight 4 k + b;
  *   Q8_0: 512 bytes, 8 chunks of 64; byte 4 j + b of chunk i holds row j's weight 4 i + b, plus 128 (so the
- *         weights are the unsigned operand of vpdpbusd; the activations' integer sums undo the shift; Q6_K's
- *         -32 is undone the same way, with the sums of each half block).
- * The scales per tile, 16 rows innermost: d, m fp16 [G, 16] (Q4_1, Q5_1, Q8_0); d, dmin fp16 [G / 8, 16] and
+ *         weights are the unsigned operand of vpdpbusd; the activations' integer sums undo the shift; Q5_0's
+ *         -16 and Q6_K's -32 are undone the same way, Q6_K's with the sums of each half block).
+ * The scales per tile, 16 rows innermost: d, m fp16 [G, 16] (Q4_1, Q5_1; d alone for Q8_0, Q5_0); d, dmin fp16 [G / 8, 16] and
  * sc, mn uint8 [G, 16] (Q4_K, Q5_K); d fp16 [G / 8, 16] and sc int8 [2 G, 16] (Q6_K).
  * A block's result for 16 rows is then one vector (two on 256-bit ISAs): no horizontal sums, the scales loaded
  * as they lie.
@@ -68,7 +69,7 @@ enum { RF_TIER_SCALAR = 0, RF_TIER_AVX2 = 1, RF_TIER_AVXVNNI = 2, RF_TIER_AVX512
 
 /* the weights' formats (rosefast/models/quant_tiles.py's FORMATS order) */
 enum { RF_FMT_Q4_1 = 0, RF_FMT_Q8_0 = 1, RF_FMT_Q5_1 = 2, RF_FMT_Q4_K = 3, RF_FMT_Q5_K = 4, RF_FMT_Q6_K = 5,
-       RF_FMTS = 6 };
+       RF_FMT_Q5_0 = 6, RF_FMTS = 7 };
 #define RF_QPARTS 8       /* formats one linear may mix (a fused q|k|v of three types) */
 
 /* one linear's part: `n` output rows in one format, the tiles and scales as quant_tiles lays them out */
@@ -89,14 +90,16 @@ typedef struct {
     int64_t K, G;
 } rf_qacts;
 
-static inline int rf_q_block_bytes(int fmt) {
-    return fmt == RF_FMT_Q8_0 ? 512 : fmt == RF_FMT_Q6_K ? 384 : (fmt == RF_FMT_Q5_1 || fmt == RF_FMT_Q5_K) ? 320 : 256;
-}
 static inline int rf_q_planes(int fmt) {
-    return fmt == RF_FMT_Q6_K ? 2 : (fmt == RF_FMT_Q5_1 || fmt == RF_FMT_Q5_K) ? 1 : 0;
+    return fmt == RF_FMT_Q6_K ? 2 : (fmt == RF_FMT_Q5_1 || fmt == RF_FMT_Q5_K || fmt == RF_FMT_Q5_0) ? 1 : 0;
+}
+static inline int rf_q_block_bytes(int fmt) {
+    return fmt == RF_FMT_Q8_0 ? 512 : fmt == RF_FMT_Q6_K ? 384 : rf_q_planes(fmt) ? 320 : 256;
 }
 static inline int rf_q_kformat(int fmt) { return fmt == RF_FMT_Q4_K || fmt == RF_FMT_Q5_K || fmt == RF_FMT_Q6_K; }
-static inline int rf_q_has_min(int fmt) { return fmt != RF_FMT_Q8_0 && fmt != RF_FMT_Q6_K; }
+static inline int rf_q_has_min(int fmt) { return fmt != RF_FMT_Q8_0 && fmt != RF_FMT_Q6_K && fmt != RF_FMT_Q5_0; }
+/* what the stored (unsigned) integers are above the weights' own: undone by the activations' integer sums */
+static inline int rf_q_offset(int fmt) { return fmt == RF_FMT_Q8_0 ? 128 : fmt == RF_FMT_Q6_K ? 32 : fmt == RF_FMT_Q5_0 ? 16 : 0; }
 
 /* `q`'s tile t (of a layer with G blocks a row) */
 static inline rf_qweights rf_q_tile_of(const rf_qweights *q, int64_t t, int64_t G) {
@@ -201,7 +204,7 @@ static inline void rf_q_weights_c(int fmt, const uint8_t *blk, int j, int16_t *q
         uint8_t byte = blk[64 * (i / 8) + 4 * j + i % 4];
         int v = i % 8 < 4 ? byte & 15 : byte >> 4;
         for (int p = 0; p < planes; p++) v |= ((blk[256 + 64 * p + 4 * j + i % 4] >> (i / 4)) & 1) << (4 + p);
-        q[i] = (int16_t)(fmt == RF_FMT_Q6_K ? v - 32 : v);
+        q[i] = (int16_t)(v - rf_q_offset(fmt));
     }
 }
 
@@ -210,7 +213,7 @@ static inline void rf_q_scales_c(const rf_qweights *q, int64_t g, int j, float *
     int fmt = q->fmt;
     if (!rf_q_kformat(fmt)) {
         *sa = *sb = rf_q_half(q->d[g * RF_QROWS + j]);
-        *mj = fmt == RF_FMT_Q8_0 ? 0.f : rf_q_half(q->m[g * RF_QROWS + j]);
+        *mj = rf_q_has_min(fmt) ? rf_q_half(q->m[g * RF_QROWS + j]) : 0.f;
         return;
     }
     float d = rf_q_half(q->d[(g / 8) * RF_QROWS + j]);
@@ -359,7 +362,7 @@ RF_VNNI static inline void rf_q_scales_avx512(const rf_qweights *q, int64_t g, _
     int fmt = q->fmt;
     if (!rf_q_kformat(fmt)) {
         *sa = *sb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q->d + g * RF_QROWS)));
-        *mv = fmt == RF_FMT_Q8_0 ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q->m + g * RF_QROWS)));
+        *mv = rf_q_has_min(fmt) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q->m + g * RF_QROWS))) : _mm512_setzero_ps();
         return;
     }
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q->d + (g / 8) * RF_QROWS)));
@@ -377,10 +380,10 @@ RF_VNNI static inline void rf_q_scales_avx512(const rf_qweights *q, int64_t g, _
 }
 
 /* one tile of rows against activation rows b0 .. b0 + nb (nb <= RF_QB) -> out [nb, 16] (see the scalar tile);
- * Q8_0's + 128 and Q6_K's - 32 undone by the activations' integer sums */
+ * the stored offsets (rf_q_offset) undone by the activations' integer sums */
 RF_VNNI static void rf_quant_tile_avx512(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) {
     __m512 acc[RF_QB];
-    const int fmt = q->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, q8 = fmt == RF_FMT_Q8_0;
+    const int fmt = q->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, off = rf_q_offset(fmt);
     const int has_min = rf_q_has_min(fmt), per_block = !rf_q_kformat(fmt);
     const int8_t *x1 = a->x1, *x2 = a->x2;
     const int64_t K = a->K, G = a->G;
@@ -417,8 +420,7 @@ RF_VNNI static void rf_quant_tile_avx512(const rf_qweights *q, const rf_qacts *a
                 acc[bb] = _mm512_fmadd_ps(d1, _mm512_mul_ps(sb, sxv), acc[bb]);
                 continue;
             }
-            __m512i s = q8 ? _mm512_set1_epi32(-128 * is[0]) : _mm512_setzero_si512();
-            __m512i t = q8 ? _mm512_set1_epi32(-128 * is[G]) : _mm512_setzero_si512();
+            __m512i s = _mm512_set1_epi32(-off * is[0]), t = _mm512_set1_epi32(-off * is[G]);
             RF_DOT8(s, c, x1, bb);
             RF_DOT8(t, c, x2, bb);
             __m512 dot = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), inv254, _mm512_cvtepi32_ps(s));
@@ -526,7 +528,7 @@ RF_AVX2 static inline void rf_q_scales_avx2(const rf_qweights *q, int64_t g, int
     int fmt = q->fmt, r = 8 * h;
     if (!rf_q_kformat(fmt)) {
         *sa = *sb = rf_q_half8(q->d + g * RF_QROWS + r);
-        *mv = fmt == RF_FMT_Q8_0 ? _mm256_setzero_ps() : rf_q_half8(q->m + g * RF_QROWS + r);
+        *mv = rf_q_has_min(fmt) ? rf_q_half8(q->m + g * RF_QROWS + r) : _mm256_setzero_ps();
         return;
     }
     __m256 d = rf_q_half8(q->d + (g / 8) * RF_QROWS + r);
@@ -596,8 +598,8 @@ ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int6
                     acc[bb][h] = _mm256_fmadd_ps(d1, _mm256_mul_ps(sb, sxv), acc[bb][h]);                  \
                     continue;                                                                               \
                 }                                                                                           \
-                __m256i s0 = q8 && !RF_SIGNED_##V ? _mm256_set1_epi32(-128 * is[0]) : _mm256_setzero_si256(); \
-                __m256i t0 = q8 && !RF_SIGNED_##V ? _mm256_set1_epi32(-128 * is[G]) : _mm256_setzero_si256(); \
+                const int o_ = q8 && RF_SIGNED_##V ? 0 : rf_q_offset(fmt);                                  \
+                __m256i s0 = _mm256_set1_epi32(-o_ * is[0]), t0 = _mm256_set1_epi32(-o_ * is[G]);           \
                 RF_DOTS_##V(s, t, s0, t0, 0, 8);                                                            \
                 __m256 dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), inv254, _mm256_cvtepi32_ps(s));        \
                 acc[bb][h] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sa, sxv), acc[bb][h]);                     \
@@ -645,8 +647,8 @@ static int rf_cpu_has_dotprod(void) {
         vaddq_s32(u_, v_);                                                                                  \
     })
 
-/* a tile quarter's (rows 4 q .. 4 q + 3) weight vectors of a block, signed: Q8_0's + 128 and Q6_K's - 32 taken
- * off here (sdot is signed x signed), the bit planes as rf_q_load_avx512's */
+/* a tile quarter's (rows 4 q .. 4 q + 3) weight vectors of a block, signed: the stored offsets (Q8_0's 128, Q5_0's
+ * 16, Q6_K's 32) taken off here (sdot is signed x signed), the bit planes as rf_q_load_avx512's */
 RF_DOTPROD static inline void rf_q_load_neon(int fmt, const uint8_t *blk, int q, int8x16_t *c) {
     const uint8x16_t low = vdupq_n_u8(0x0F), flip = vdupq_n_u8(0x80);
     uint8x16_t u[8];
@@ -667,8 +669,8 @@ RF_DOTPROD static inline void rf_q_load_neon(int fmt, const uint8_t *blk, int q,
             cur = vshrq_n_u8(cur, 1);
         }
     }
-    for (int k = 0; k < 8; k++)
-        c[k] = fmt == RF_FMT_Q6_K ? vsubq_s8(vreinterpretq_s8_u8(u[k]), vdupq_n_s8(32)) : vreinterpretq_s8_u8(u[k]);
+    const int8x16_t off = vdupq_n_s8((int8_t)rf_q_offset(fmt));
+    for (int k = 0; k < 8; k++) c[k] = vsubq_s8(vreinterpretq_s8_u8(u[k]), off);
 }
 
 static inline float32x4_t rf_q_half4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
@@ -679,7 +681,7 @@ RF_DOTPROD static inline void rf_q_scales_neon(const rf_qweights *w, int64_t g, 
     int fmt = w->fmt, r = 4 * q;
     if (!rf_q_kformat(fmt)) {
         *sa = *sb = rf_q_half4(w->d + g * RF_QROWS + r);
-        *mv = fmt == RF_FMT_Q8_0 ? vdupq_n_f32(0.f) : rf_q_half4(w->m + g * RF_QROWS + r);
+        *mv = rf_q_has_min(fmt) ? rf_q_half4(w->m + g * RF_QROWS + r) : vdupq_n_f32(0.f);
         return;
     }
     float32x4_t d = rf_q_half4(w->d + (g / 8) * RF_QROWS + r);

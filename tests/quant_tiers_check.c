@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
     }
     static const int64_t shapes[][2] = {{40, 256}, {96, 768}, {576, 1536}};
     static const int64_t batches[] = {1, 5, 32};
-    static const char *FMT[RF_FMTS + 1] = {"Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q5_0|Q6_K|Q4_K"};
+    static const char *FMT[RF_FMTS + 1] = {"Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1|Q6_K|Q5_0"};
     int passed = 0, failed = 0;
     for (int t = 1; t < RF_TIERS; t++) {
         if (!rf_quant_tier_ok(t)) {
@@ -63,7 +63,7 @@ int main(int argc, char **argv) {
                     for (int bf16 = 0; bf16 < 2; bf16++) {
                         int64_t N = shapes[s][0], K = shapes[s][1], B = batches[bi], G = K / RF_QG;
                         int nparts = f < RF_FMTS ? 1 : 3;
-                        static const int mixed[3] = {RF_FMT_Q5_1, RF_FMT_Q6_K, RF_FMT_Q4_K};
+                        static const int mixed[3] = {RF_FMT_Q5_1, RF_FMT_Q6_K, RF_FMT_Q5_0};
                         rf_qweights parts[3];
                         void *owned[16];
                         int nowned = 0;

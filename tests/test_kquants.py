@@ -15,7 +15,7 @@ from rosefast.models.quant import BlockLinear, Int4Linear, Int8Linear
 from rosefast.models.quant_tiles import dequantize_tiles, pack_tiles
 from tests.serving import Server, tiny_env
 
-UNPACK = {T.Q5_0: ("q5_1", gguf_blocks.unpack_q5_0), T.Q5_1: ("q5_1", gguf_blocks.unpack_q5_1),
+UNPACK = {T.Q5_0: ("q5_0", gguf_blocks.unpack_q5_0), T.Q5_1: ("q5_1", gguf_blocks.unpack_q5_1),
           T.Q4_K: ("q4_k", gguf_blocks.unpack_q4_k), T.Q5_K: ("q5_k", gguf_blocks.unpack_q5_k),
           T.Q6_K: ("q6_k", gguf_blocks.unpack_q6_k)}
 _SCALE_AT = {T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}   # their fp16 fields
@@ -130,24 +130,23 @@ def _run(model, quantization, kernels="auto"):
     return engine, [o["token_ids"] for o in greedy], np.array([c for c, _ in scored["prompt_logprobs"][1:]])
 
 
-def test_a_mixed_k_quant_file_is_served_from_its_own_blocks(mixed, caplog):
+@pytest.mark.parametrize("tier", TIERS)
+def test_a_mixed_k_quant_file_is_served_from_its_own_blocks(mixed, tier, caplog):
     """Each tensor in its own type (a fused q|k|v of Q4_K and Q6_K parts), the head from its Q6_K blocks, the
     decode step one call per layer; the output follows the unquantized engine on the file's dequantized numbers
     (the only difference: the activations' two int8 digits)."""
-    if quant_ops.pick("auto") is None:
-        pytest.skip("no compiled kernel tier here (or ROSEFAST_CPU_KERNELS=torch): the torch-ops test covers it")
     base_engine, base_ids, base_ll = _run(mixed, "none")
     with caplog.at_level("INFO", logger="rosefast.engine"):
-        engine, ids, ll = _run(mixed, "auto")
+        engine, ids, ll = _run(mixed, "auto", kernels=tier)
     model = engine.runner.model
     assert [x.formats() for x in (model.layers[0].qkv, model.layers[1].qkv, model.layers[0].o, model.layers[0].gate_up,
                                   model.layers[0].down, model.layers[1].down, model.lm_head)] == [
-        ["q4_k", "q6_k"], ["q4_k"], ["q5_1"], ["q5_k", "q4_k"], ["q6_k"], ["q5_1"], ["q6_k"]]
+        ["q4_k", "q6_k"], ["q4_k"], ["q5_0"], ["q5_k", "q4_k"], ["q6_k"], ["q5_1"], ["q6_k"]]
     assert all(isinstance(x, BlockLinear) for x in (model.layers[0].qkv, model.lm_head))
     assert model.plan_decode_layers() is None   # every layer planned: one call a layer on the blocks
     logged = caplog.text
     assert "the GGUF's blocks (Q4_K 7, Q5_0 2, Q5_1 1, Q5_K 2, Q6_K 2 tensors)" in logged, logged
-    assert "lm_head int8 (the GGUF's Q6_K blocks)" in logged
+    assert f"lm_head int8 (the GGUF's Q6_K blocks), on our {tier} block kernels" in logged
     assert ids == base_ids
     assert abs((ll - base_ll).mean()) < 1e-3 and np.abs(ll - base_ll).max() < 1e-2
     served = sum(x.nbytes() for layer in model.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down))

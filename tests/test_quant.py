@@ -390,7 +390,7 @@ def test_the_c_driver_finds_every_x86_tier_equal_to_the_scalar_one(tmp_path):
         pytest.skip("no C compiler")
     run = subprocess.run([_driver("cc", tmp_path / "check")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout
-    assert all(f"{t}: 126 cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
+    assert all(f"{t}: 144 cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
     assert run.stdout.rstrip().endswith(" passed, 0 failed"), run.stdout
 
 
@@ -403,7 +403,7 @@ def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
         pytest.skip("needs Debian's gcc-aarch64-linux-gnu and qemu-user (make test installs them where apt runs)")
     binary = _driver(cross, tmp_path / "check-arm", "-static")
     run = subprocess.run([qemu, "-cpu", "max", str(binary), "neon"], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "neon: 126 cases" in run.stdout, run.stdout
-    assert run.stdout.rstrip().endswith("126 passed, 0 failed")
+    assert run.returncode == 0 and "neon: 144 cases" in run.stdout, run.stdout
+    assert run.stdout.rstrip().endswith("144 passed, 0 failed")
     old = subprocess.run([qemu, "-cpu", "cortex-a53", str(binary), "neon"], capture_output=True, text=True, timeout=60)
     assert old.returncode == 2 and "this CPU does not run it" in old.stdout   # ARMv8.0: no sdot, no NEON tier

@@ -26,7 +26,7 @@ log = logging.getLogger("rosefast.engine")
 GROUP = 32
 LINEARS = ("qkv", "o", "gate_up", "down")
 _Q4_0_BYTES, _Q4_1_BYTES, _Q8_0_BYTES = 18, 20, 34
-BLOCKS_FILE = "gguf_blocks.v3.safetensors"   # v3: any mix of block formats (v2: Qwen q/k rows not reordered)
+BLOCKS_FILE = "gguf_blocks.v4.safetensors"   # v4: any mix of block formats (v2: Qwen q/k rows not reordered)
 _FORMAT = "4"    # 1: Q4_1 linears only, 2: no Q8_0 linears, 3: Q4_1 or Q8_0; another format is rebuilt from the GGUF
 
 
@@ -83,11 +83,9 @@ def unpack_q5_1(raw, n, k):
 
 
 def unpack_q5_0(raw, n, k):
-    """Q5_0 blocks (fp16 d, fifth bits, nibbles) -> Q5_1's (q, d, m): d (q - 16) = d q + m with m = -16 d, exact
-    in fp16."""
+    """Q5_0 blocks (fp16 d, 4 bytes of fifth bits, 16 of nibbles) -> (q [n, k] uint8 0..31, d): W = d (q - 16)."""
     blocks = _blocks(raw, n, k, GROUP, _Q5_0_BYTES)
-    d = _half(blocks[..., 0:2])
-    return _five_bits(blocks[..., 2:6], blocks[..., 6:], n, k), d, d * -16
+    return _five_bits(blocks[..., 2:6], blocks[..., 6:], n, k), _half(blocks[..., 0:2])
 
 
 def _five_bits(qh, qs, n, k):
@@ -167,7 +165,7 @@ def _kinds():
 
     t = gguf.GGMLQuantizationType
     return {t.Q4_1: ("q4_1", unpack_q4_1), t.Q4_0: ("q4_1", unpack_q4_0), t.Q8_0: ("q8_0", unpack_q8_0),
-            t.Q5_1: ("q5_1", unpack_q5_1), t.Q5_0: ("q5_1", unpack_q5_0), t.Q4_K: ("q4_k", unpack_q4_k),
+            t.Q5_1: ("q5_1", unpack_q5_1), t.Q5_0: ("q5_0", unpack_q5_0), t.Q4_K: ("q4_k", unpack_q4_k),
             t.Q5_K: ("q5_k", unpack_q5_k), t.Q6_K: ("q6_k", unpack_q6_k)}
 
 
@@ -244,7 +242,7 @@ def cached_blocks(gguf_path, args, cache_dir):
     return layers
 
 
-_FIELDS = {"q4_1": ("q", "d", "m"), "q8_0": ("q", "d"), "q5_1": ("q", "d", "m"), "q4_k": ("q", "d", "dmin", "sc", "mn"),
+_FIELDS = {"q4_1": ("q", "d", "m"), "q8_0": ("q", "d"), "q5_1": ("q", "d", "m"), "q5_0": ("q", "d"), "q4_k": ("q", "d", "dmin", "sc", "mn"),
            "q5_k": ("q", "d", "dmin", "sc", "mn"), "q6_k": ("q", "d", "sc")}
 _NIBBLES = ("q4_1", "q4_k")   # q kept two a byte in the cache
 
@@ -277,7 +275,7 @@ def _save_blocks(path, layers):
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, path)
-    for old in ("q4_1_blocks.safetensors", "gguf_blocks.v2.safetensors"):   # earlier formats' files, superseded
+    for old in ("q4_1_blocks.safetensors", "gguf_blocks.v2.safetensors", "gguf_blocks.v3.safetensors"):   # earlier formats' files, superseded
         (path.parent / old).unlink(missing_ok=True)
 
 

@@ -9,6 +9,7 @@ Formats (FORMATS, csrc's RF_FMT_* order) and what pack_tiles takes, for an [N, K
     q4_1  q [N, K] 0..15, d, m [N, K/32] fp16                      W = d q + m
     q8_0  q [N, K] int8, d [N, K/32]                                W = d q
     q5_1  q [N, K] 0..31, d, m [N, K/32]                            W = d q + m
+    q5_0  q [N, K] 0..31, d [N, K/32]                               W = d (q - 16)
     q4_k  q [N, K] 0..15, d, dmin [N, K/256], sc, mn [N, K/32] 0..63  W = d sc q - dmin mn
     q5_k  the same, q 0..31
     q6_k  q [N, K] 0..63, d [N, K/256], sc [N, K/16] int8          W = d sc (q - 32)
@@ -21,8 +22,9 @@ import torch
 from rosefast.models.gguf_blocks import GROUP
 
 ROWS = 16
-FORMATS = ("q4_1", "q8_0", "q5_1", "q4_k", "q5_k", "q6_k")
-_PLANES = {"q5_1": 1, "q5_k": 1, "q6_k": 2}
+FORMATS = ("q4_1", "q8_0", "q5_1", "q4_k", "q5_k", "q6_k", "q5_0")
+_PLANES = {"q5_1": 1, "q5_k": 1, "q6_k": 2, "q5_0": 1}
+_OFFSET = {"q6_k": 32, "q5_0": 16}   # what the stored integers are above the weights' own (Q8_0's 128 aside)
 K_FORMATS = ("q4_k", "q5_k", "q6_k")
 SUPER = 256   # a K format's inputs per d
 
@@ -96,6 +98,8 @@ def pack_tiles(fmt, parts):
     w = torch.cat([_nibbles(q, n, k)] + [_plane(q, n, k, p) for p in range(_PLANES.get(fmt, 0))], dim=-1).contiguous()
     if fmt in ("q4_1", "q5_1"):
         return Tiles(fmt, n, w, _scales(parts[1], n, tiles), _scales(parts[2], n, tiles))
+    if fmt == "q5_0":
+        return Tiles(fmt, n, w, _scales(parts[1], n, tiles))
     if fmt == "q6_k":
         sc = _scales(parts[2].to(torch.int8).view(torch.uint8), n, tiles, torch.uint8)
         return Tiles(fmt, n, w, _scales(parts[1], n, tiles), sc=sc)
@@ -125,8 +129,7 @@ def unpack_tiles(t):
             plane = t.w[..., 256 + 64 * p: 320 + 64 * p].reshape(tiles, groups, ROWS, 4).permute(0, 2, 1, 3)
             bits = (plane[:, :, :, None, :].to(torch.int16) >> torch.arange(8, dtype=torch.int16)[:, None]) & 1
             q = q | (bits << (4 + p))
-        if t.fmt == "q6_k":
-            q = q - 32
+        q = q - _OFFSET.get(t.fmt, 0)
     q = q.reshape(tiles * ROWS, groups * GROUP)[:n]
     d = _unscales(t.d, n).to(torch.float32)
     if t.fmt in K_FORMATS:
