@@ -57,7 +57,7 @@ def floor_step(model, batch, dtype, linears=None):
     """The linear layers of one decode step (default: the model's own, see model_linears)."""
     layers, head = linears or model_linears(model)
     first = model.layers[0]
-    device = model.embed.weight.device
+    device = next(model.parameters()).device
     x = torch.randn(batch, first.o.out_features, dtype=dtype, device=device)
     attn_in = torch.randn(batch, first.o.in_features, dtype=dtype, device=device)
     act = torch.randn(batch, first.down.in_features, dtype=dtype, device=device)

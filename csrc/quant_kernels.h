@@ -837,4 +837,28 @@ static int rf_quant_linear(int tier, const rf_qweights *parts, int nparts, const
     return 0;
 }
 
+/* rows `ids` [n] of one part's weight -> out [n, K] (fp32 or bf16): the weight's own numbers, as the format's
+ * dequantization computes them (s q + m in fp32, s = d or d sc): a tied model's embedding looked up in its head's
+ * blocks. Returns -3 when an id is out of the part's rows. */
+static int rf_quant_rows(const rf_qweights *q, const int64_t *ids, int64_t n, int64_t K, void *out, int out_bf16) {
+    int64_t G = K / RF_QG, bytes = rf_q_block_bytes(q->fmt);
+    for (int64_t r = 0; r < n; r++)
+        if (ids[r] < 0 || ids[r] >= q->n) return -3;
+    #pragma omp parallel for schedule(static) if (n * K >= RF_Q_PARALLEL_MIN)
+    for (int64_t r = 0; r < n; r++) {
+        int64_t t = ids[r] / RF_QROWS;
+        int j = (int)(ids[r] % RF_QROWS);
+        rf_qweights tw = rf_q_tile_of(q, t, G);
+        for (int64_t g = 0; g < G; g++) {
+            int16_t w[RF_QG];
+            float v[RF_QG], sa, sb, mj;
+            rf_q_weights_c(q->fmt, tw.w + g * bytes, j, w);
+            rf_q_scales_c(&tw, g, j, &sa, &sb, &mj);
+            for (int i = 0; i < RF_QG; i++) v[i] = (float)w[i] * (i < RF_QG / 2 ? sa : sb) + mj;
+            rf_q_store(out, out_bf16, r * K + g * RF_QG, v, 0, RF_QG);
+        }
+    }
+    return 0;
+}
+
 #endif

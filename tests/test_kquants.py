@@ -11,7 +11,7 @@ from tests.gguf_writer import quantize, write_llama_gguf
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
 from rosefast.models import _quant_ops_py, gguf_blocks, quant_ops
-from rosefast.models.quant import BlockLinear, Int4Linear, Int8Linear
+from rosefast.models.quant import BlockEmbedding, BlockLinear, Int4Linear, Int8Linear
 from rosefast.models.quant_tiles import dequantize_tiles, pack_tiles
 from tests.serving import Server, tiny_env
 
@@ -90,6 +90,21 @@ def test_every_tier_equals_the_twin_on_every_format_and_mix(tier, kinds, batch, 
     assert (want.float() - exact).abs().max() <= (2e-3 if dtype == torch.float32 else 1e-2) * exact.abs().max()
 
 
+@pytest.mark.parametrize("impl", [quant_ops.impl, _quant_ops_py], ids=lambda m: m.__name__.rsplit("_", 1)[-1])
+@pytest.mark.parametrize("kind", [T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda k: k.name)
+def test_rows_looked_up_in_the_blocks_are_the_dequantized_rows(impl, kind):
+    """A tied embedding looked up in its head's tiles: each row exactly what dequantizing the file gives (fp32),
+    rounded as torch rounds it (bf16); an id past the rows is refused."""
+    tiles = _tiles(kind, 40, 512, 3)
+    weights = impl.Weights([tiles], None, 512)
+    ids = torch.tensor([[0, 39, 17], [16, 15, 31]])
+    full = dequantize_tiles(tiles)
+    assert torch.equal(impl.rows(weights, ids, torch.float32), full[ids])
+    assert torch.equal(impl.rows(weights, ids, torch.bfloat16), full[ids].bfloat16())
+    with pytest.raises(IndexError, match="out of 0..39"):
+        impl.rows(weights, torch.tensor([40]), torch.float32)
+
+
 def test_a_k_format_needs_whole_super_blocks():
     with pytest.raises(ValueError, match="do not fit"):
         bad = _tiles(T.Q4_K, 16, 512, 0)
@@ -143,10 +158,12 @@ def test_a_mixed_k_quant_file_is_served_from_its_own_blocks(mixed, tier, caplog)
                                   model.layers[0].down, model.layers[1].down, model.lm_head)] == [
         ["q4_k", "q6_k"], ["q4_k"], ["q5_0"], ["q5_k", "q4_k"], ["q6_k"], ["q5_1"], ["q6_k"]]
     assert all(isinstance(x, BlockLinear) for x in (model.layers[0].qkv, model.lm_head))
+    assert isinstance(model.embed, BlockEmbedding) and model.embed.weights is model.lm_head.weights   # one copy
     assert model.plan_decode_layers() is None   # every layer planned: one call a layer on the blocks
     logged = caplog.text
     assert "the GGUF's blocks (Q4_K 7, Q5_0 2, Q5_1 1, Q5_K 2, Q6_K 2 tensors)" in logged, logged
-    assert f"lm_head int8 (the GGUF's Q6_K blocks), on our {tier} block kernels" in logged
+    assert f"lm_head int8 (the GGUF's Q6_K blocks, the embedding looked up in them), on our {tier} block kernels" \
+        in logged
     assert ids == base_ids
     assert abs((ll - base_ll).mean()) < 1e-3 and np.abs(ll - base_ll).max() < 1e-2
     served = sum(x.nbytes() for layer in model.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down))

@@ -55,7 +55,7 @@ class ModelRunner:
             self._load(config, model)
         else:
             self.model, self.args, self.device = loaded
-            self.dtype = self.model.embed.weight.dtype
+            self.dtype = next(p.dtype for p in self.model.parameters() if p.is_floating_point())
         self.max_model_len = served_context(config.max_model_len, self.args)
         self.block_size = config.block_size
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)

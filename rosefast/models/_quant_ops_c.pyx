@@ -6,6 +6,7 @@ portable C —, the activations as two int8 digits per 32 inputs); twin: _quant_
     weights = Weights(parts, bias, in_features)     # once, when a layer is made: parts are quant_tiles.Tiles
     kernels = tier("avx2")                          # or tier(tiers()[0]): the best here
     y = kernels.linear(x, weights)
+    e = rows(weights, ids, torch.bfloat16)          # rows of a one-part weight: an embedding from its blocks
 """
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 
@@ -15,10 +16,11 @@ from rosefast.config import CPU_KERNELS
 from rosefast.models import _quant_ops_py
 from rosefast.models.quant_tiles import FORMATS
 
-from quant_kernels cimport rf_qweights, rf_quant_linear, rf_quant_tier_ok
+from quant_kernels cimport rf_qweights, rf_quant_linear, rf_quant_rows, rf_quant_tier_ok
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
+cdef object I64 = torch.int64
 
 TIERS = ("scalar", "avx2", "avxvnni", "avx512vnni", "neon")   # csrc/quant_kernels.h's RF_TIER_* order
 BEST_FIRST = tuple(k for k in CPU_KERNELS if k in TIERS)   # the settings list them best first
@@ -96,6 +98,25 @@ cdef class Tier:
         if rc != 0:
             raise ValueError(f"quantized linear: the kernels refused the weights (code {rc})")
         return y
+
+
+def rows(Weights weights, ids, dtype):
+    """The rows `ids` (int64, any shape) of a one-part weight as `dtype` (float32 or bfloat16) [*ids.shape, K]:
+    the blocks' own numbers (quant_tiles.dequantize_tiles' rows)."""
+    if weights.nparts != 1:
+        raise ValueError(f"rows: a weight of one part, not {weights.nparts}")
+    if dtype is not F32 and dtype is not BF16:
+        raise ValueError(f"rows: float32 or bfloat16, not {dtype}")
+    flat = ids.reshape(-1).to(I64).contiguous()
+    cdef int64_t n = flat.numel(), K = weights.in_features
+    out = torch.empty((n, K), dtype=dtype)
+    cdef uintptr_t pi = flat.data_ptr(), po = out.data_ptr()
+    cdef int rc, bf16 = dtype is BF16
+    with nogil:
+        rc = rf_quant_rows(&weights.c[0], <const int64_t *>pi, n, K, <void *>po, bf16)
+    if rc != 0:
+        raise IndexError(f"rows: an id out of 0..{weights.out_features - 1}")
+    return out.view(*ids.shape, K)
 
 
 _made = {}

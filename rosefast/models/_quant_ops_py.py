@@ -4,7 +4,7 @@ then the scales and mins) up to the order of the float sums. Unpacks the tiles e
 serving (its `tiers()` is empty)."""
 import torch
 
-from rosefast.models.quant_tiles import FORMATS, K_FORMATS, SUPER, Tiles, block_bytes, unpack_tiles
+from rosefast.models.quant_tiles import FORMATS, K_FORMATS, SUPER, Tiles, block_bytes, dequantize_tiles, unpack_tiles
 
 MAX_PARTS = 8   # csrc's RF_QPARTS
 
@@ -95,3 +95,18 @@ def linear(x, weights):
     if weights.bias is not None:
         y = y + weights.bias
     return y.to(x.dtype)
+
+
+def rows(weights, ids, dtype):
+    """The rows `ids` (any shape) of a one-part weight as `dtype` [*ids.shape, K]: the tiles that hold them
+    dequantized, the rows picked."""
+    if len(weights.parts) != 1:
+        raise ValueError(f"rows: a weight of one part, not {len(weights.parts)}")
+    t = weights.parts[0]
+    flat = ids.reshape(-1).long()
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= t.n):
+        raise IndexError(f"rows: an id out of 0..{t.n - 1}")
+    tiles, where = torch.unique(flat // 16, return_inverse=True)
+    pick = lambda x: None if x is None else x[tiles]   # noqa: E731 - every tile field is tile-major
+    sub = Tiles(t.fmt, len(tiles) * 16, pick(t.w), pick(t.d), pick(t.m), pick(t.sc), pick(t.mn))
+    return dequantize_tiles(sub)[where * 16 + flat % 16].to(dtype).view(*ids.shape, -1)

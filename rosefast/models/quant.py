@@ -90,6 +90,22 @@ class BlockLinear(_TiledLinear):
                 f"{'|'.join(f.upper() for f in self.formats())} on {self.kernels.name} block kernels")
 
 
+class BlockEmbedding(nn.Module):
+    """A tied model's embedding looked up in its lm_head's blocks (the head's own tiles, no second copy of the
+    table): each looked-up row is the file's numbers, as the converted table held them."""
+
+    def __init__(self, head, dtype):
+        super().__init__()
+        self.weights, self.dtype = head.weights, dtype
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    def forward(self, ids):
+        return quant_ops.impl.rows(self.weights, ids, self.dtype)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}, the lm_head's {self.weights.parts[0].fmt.upper()} blocks"
+
+
 def torch_linear(tiles, bias=None):
     """A file's blocks where torch's weight-only ops run them: Q4_1 (Q4_0) as they are, Q8_0 per channel, and any
     other format dequantized once and quantized again (4-bit formats to Q4_1, the rest to int8 per channel)."""
@@ -284,6 +300,9 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
             model.lm_head = Int4Linear(*quantize_q4_1(weight), kernels=kernels)
         elif file_head is not None and (kernels is not None or file_head[0][0] == "q8_0"):
             model.lm_head, head_source = _from_file(file_head, None, kernels), f"the GGUF's {_described(file_head)} blocks"
+            if model.args.tie_word_embeddings and kernels is not None and isinstance(model.embed, nn.Embedding):
+                model.embed = BlockEmbedding(model.lm_head, model.embed.weight.dtype)   # the table's copy dropped
+                head_source += ", the embedding looked up in them"
         else:
             model.lm_head = Int8Linear.from_weight(weight, kernels=kernels)
         count += 1
@@ -311,6 +330,8 @@ def weight_bytes(model):
         if isinstance(module, _TiledLinear):
             total += module.nbytes()
             params += module.out_features * module.in_features
+        elif isinstance(module, BlockEmbedding):   # the head's tiles, counted there
+            params += module.num_embeddings * module.embedding_dim
         elif isinstance(module, PackedLinear):   # oneDNN's bf16 copy (of the embedding too, for a tied head)
             total += module.out_features * module.in_features * 2
             params += module.out_features * module.in_features
