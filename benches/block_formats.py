@@ -56,6 +56,10 @@ def main(argv=None):
     print("| format | tier | bits a weight | " + " | ".join(f"B={b} us" for b in batches) + " | B=1 GB/s |")
     print("|---|---|---|" + "---|" * (len(batches) + 1))
     rows = []
+    warm = quant_ops.impl.Weights([pack_tiles(*_blocks("q4_1", 1))], None, K)   # the first format timed was
+    for tier in (t for t in a.tiers.split(",") if t):                         # ~1.5x slow without this
+        for _ in range(50):
+            quant_ops.pick(tier).linear(torch.randn(32, K), warm)
     for fmt in a.formats.split(","):
         ours, blocks = _blocks(fmt, 0)
         tiles = pack_tiles(ours, blocks)
