@@ -37,14 +37,14 @@ RF_AVX512 static inline __m128 rf_hsum4(__m512 a, __m512 b, __m512 c, __m512 d) 
  * four tokens at a time, so one horizontal reduction serves four dot products */
 #define RF_AVX512_SCORES(S, T, GG)                                                                       \
 RF_AVX512 static inline __attribute__((always_inline)) void rf_scores##GG##_##S(                         \
-        const float *q, int nd, const T *kpool, const int64_t *table, int64_t L, int block_size,        \
+        const float *q, int nd, const T *kpool, const int64_t *table, int64_t lo, int64_t L, int block_size,\
         float *scores, int64_t score_stride) {                                                          \
     int D = nd * 16;                                                                                     \
     int64_t t = 0;                                                                                       \
     for (; t + 4 <= L; t += 4) {                                                                         \
         const T *k[4];                                                                                   \
         for (int i = 0; i < 4; i++)                                                                      \
-            k[i] = kpool + (table[(t + i) / block_size] * block_size + (t + i) % block_size) * D;        \
+            k[i] = kpool + RF_SLOT(table, lo + t + i, block_size) * D;                                   \
         __m512 acc[GG][4];                                                                               \
         for (int g = 0; g < GG; g++)                                                                     \
             for (int i = 0; i < 4; i++) acc[g][i] = _mm512_setzero_ps();                                 \
@@ -60,7 +60,7 @@ RF_AVX512 static inline __attribute__((always_inline)) void rf_scores##GG##_##S(
             _mm_storeu_ps(scores + g * score_stride + t, rf_hsum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3])); \
     }                                                                                                    \
     for (; t < L; t++) {                                                                                 \
-        const T *k = kpool + (table[t / block_size] * block_size + t % block_size) * D;                  \
+        const T *k = kpool + RF_SLOT(table, lo + t, block_size) * D;                                     \
         __m512 acc[GG];                                                                                  \
         for (int g = 0; g < GG; g++) acc[g] = _mm512_setzero_ps();                                       \
         for (int j = 0; j < nd; j++) {                                                                   \
@@ -75,12 +75,12 @@ RF_AVX512 static inline __attribute__((always_inline)) void rf_scores##GG##_##S(
 #define RF_AVX512_PV(S, T, GG)                                                                           \
 RF_AVX512 static inline __attribute__((always_inline)) void rf_pv##GG##_##S(                             \
         const float *p, int64_t p_stride, int D, int j0, int nj, const T *vpool, const int64_t *table,  \
-        int64_t L, int block_size, float *out) {                                                         \
+        int64_t lo, int64_t L, int block_size, float *out) {                                             \
     __m512 acc[GG][4];                                                                                   \
     for (int g = 0; g < GG; g++)                                                                         \
         for (int j = 0; j < 4; j++) acc[g][j] = _mm512_setzero_ps();                                     \
     for (int64_t t = 0; t < L; t++) {                                                                    \
-        const T *v = vpool + (table[t / block_size] * block_size + t % block_size) * D + 16 * j0;        \
+        const T *v = vpool + RF_SLOT(table, lo + t, block_size) * D + 16 * j0;                           \
         __m512 vj[4];                                                                                    \
         for (int j = 0; j < 4; j++) vj[j] = j < nj ? rf_load16_##S(v + 16 * j) : _mm512_setzero_ps();   \
         for (int g = 0; g < GG; g++) {                                                                   \
@@ -97,8 +97,8 @@ RF_AVX512_SCORES(S, T, 1) RF_AVX512_SCORES(S, T, 2) RF_AVX512_SCORES(S, T, 3) RF
 RF_AVX512_PV(S, T, 1) RF_AVX512_PV(S, T, 2) RF_AVX512_PV(S, T, 3) RF_AVX512_PV(S, T, 4)                 \
 /* same contract as rf_attend_one_##S; D % 16 == 0, D <= 256 */                                          \
 RF_AVX512 static void rf_attend_avx512_##S(const T *q, int G, int D, const T *kpool, const T *vpool,    \
-                                           const int64_t *table, int64_t L, int block_size, float scale,\
-                                           T *out, float *buf) {                                        \
+                                           const int64_t *table, int64_t lo, int64_t L, int block_size, \
+                                           float scale, T *out, float *buf) {                           \
     float *scores = buf, *qf = buf + G * L, *acc = qf + G * D;                                           \
     int nd = D / 16;                                                                                     \
     for (int i = 0; i < G * D; i++) qf[i] = RF_LD_##S(q, i) * scale;                                     \
@@ -106,10 +106,10 @@ RF_AVX512 static void rf_attend_avx512_##S(const T *q, int G, int D, const T *kp
         const float *qg = qf + g0 * D;                                                                   \
         float *sg = scores + g0 * L;                                                                     \
         switch (G - g0 < 4 ? G - g0 : 4) {                                                               \
-        case 1: rf_scores1_##S(qg, nd, kpool, table, L, block_size, sg, L); break;                       \
-        case 2: rf_scores2_##S(qg, nd, kpool, table, L, block_size, sg, L); break;                       \
-        case 3: rf_scores3_##S(qg, nd, kpool, table, L, block_size, sg, L); break;                       \
-        default: rf_scores4_##S(qg, nd, kpool, table, L, block_size, sg, L); break;                      \
+        case 1: rf_scores1_##S(qg, nd, kpool, table, lo, L, block_size, sg, L); break;                       \
+        case 2: rf_scores2_##S(qg, nd, kpool, table, lo, L, block_size, sg, L); break;                       \
+        case 3: rf_scores3_##S(qg, nd, kpool, table, lo, L, block_size, sg, L); break;                       \
+        default: rf_scores4_##S(qg, nd, kpool, table, lo, L, block_size, sg, L); break;                      \
         }                                                                                                \
     }                                                                                                    \
     for (int g = 0; g < G; g++) rf_softmax(scores + g * L, L);                                           \
@@ -119,10 +119,10 @@ RF_AVX512 static void rf_attend_avx512_##S(const T *q, int G, int D, const T *kp
             const float *pg = scores + g0 * L;                                                           \
             float *og = acc + g0 * D;                                                                    \
             switch (G - g0 < 4 ? G - g0 : 4) {                                                           \
-            case 1: rf_pv1_##S(pg, L, D, j0, nj, vpool, table, L, block_size, og); break;                \
-            case 2: rf_pv2_##S(pg, L, D, j0, nj, vpool, table, L, block_size, og); break;                \
-            case 3: rf_pv3_##S(pg, L, D, j0, nj, vpool, table, L, block_size, og); break;                \
-            default: rf_pv4_##S(pg, L, D, j0, nj, vpool, table, L, block_size, og); break;               \
+            case 1: rf_pv1_##S(pg, L, D, j0, nj, vpool, table, lo, L, block_size, og); break;                \
+            case 2: rf_pv2_##S(pg, L, D, j0, nj, vpool, table, lo, L, block_size, og); break;                \
+            case 3: rf_pv3_##S(pg, L, D, j0, nj, vpool, table, lo, L, block_size, og); break;                \
+            default: rf_pv4_##S(pg, L, D, j0, nj, vpool, table, lo, L, block_size, og); break;               \
             }                                                                                            \
         }                                                                                                \
     }                                                                                                    \

@@ -77,6 +77,9 @@ RF_SIMD_CLONES static void rf_softmax(float *s, int64_t L) {
 #define RF_LD_bf16(p, i) rf_bf16_load((p)[i])
 #define RF_ST_bf16(p, i, v) ((p)[i] = rf_bf16_round(v))
 
+/* the pool slot of a sequence's position `pos` through its block table */
+#define RF_SLOT(table, pos, block_size) ((table)[(pos) / (block_size)] * (block_size) + (pos) % (block_size))
+
 #define RF_DEFINE_KERNELS(S, T)                                                                          \
                                                                                                          \
 /* out = x / rms(x) * w for one row; with y: first x += y (in place, rounded to T), then the norm */      \
@@ -132,16 +135,17 @@ static void rf_store_kv_##S(T *qkv, int64_t tokens, int nh, int nkv, int D, cons
                             cos ? sin + t * D : NULL, kpool, vpool, pool_slots);                      \
 }                                                                                                        \
                                                                                                          \
-/* one (sequence, kv head): its G query heads attend to the sequence's context read block by block      \
- * from the pools; `buf` holds G * (L + 2 * D) + D floats */                     \
+/* one (sequence, kv head): its G query heads attend to the sequence's positions lo .. lo + L - 1 (the    \
+ * whole context, or a sliding window's last L) read block by block from the pools; `buf` holds          \
+ * G * (L + 2 * D) + D floats */                                                                         \
 RF_SIMD_CLONES static void rf_attend_one_##S(const T *q, int G, int D, const T *kpool, const T *vpool,   \
-                                              const int64_t *table, int64_t L, int block_size,           \
+                                              const int64_t *table, int64_t lo, int64_t L, int block_size,\
                                               float scale, T *out, float *buf) {                         \
     float *scores = buf, *qf = buf + G * L, *acc = qf + G * D, *row = acc + G * D;                       \
     for (int g = 0; g < G; g++)                                                                          \
         for (int d = 0; d < D; d++) qf[g * D + d] = RF_LD_##S(q, g * D + d) * scale;                     \
     for (int64_t t = 0; t < L; t++) {                                                                    \
-        const T *k = kpool + (table[t / block_size] * block_size + t % block_size) * D;                  \
+        const T *k = kpool + RF_SLOT(table, lo + t, block_size) * D;                                     \
         for (int d = 0; d < D; d++) row[d] = RF_LD_##S(k, d);      /* convert once for the G heads */   \
         for (int g = 0; g < G; g++) {                                                                    \
             const float *qg = qf + g * D;                                                                \
@@ -154,7 +158,7 @@ RF_SIMD_CLONES static void rf_attend_one_##S(const T *q, int G, int D, const T *
     for (int g = 0; g < G; g++) rf_softmax(scores + g * L, L);                                           \
     memset(acc, 0, sizeof(float) * G * D);                                                               \
     for (int64_t t = 0; t < L; t++) {                                                                    \
-        const T *v = vpool + (table[t / block_size] * block_size + t % block_size) * D;                  \
+        const T *v = vpool + RF_SLOT(table, lo + t, block_size) * D;                                     \
         for (int d = 0; d < D; d++) row[d] = RF_LD_##S(v, d);                                            \
         for (int g = 0; g < G; g++) {                                                                    \
             float p = scores[g * L + t], *ag = acc + g * D;                                              \
@@ -164,12 +168,13 @@ RF_SIMD_CLONES static void rf_attend_one_##S(const T *q, int G, int D, const T *
     for (int i = 0; i < G * D; i++) RF_ST_##S(out, i, acc[i]);                                           \
 }                                                                                                        \
                                                                                                          \
-/* decode: each sequence's one query (the q part of its qkv row) against its context_lens[b] tokens.     \
- * block_tables [B][width]; out [B][nh * D]. Returns -1 when a work buffer cannot be allocated. */       \
+/* decode: each sequence's one query (the q part of its qkv row) against its context_lens[b] tokens, or   \
+ * their last `window` (a sliding window; 0: all). block_tables [B][width]; out [B][nh * D]. Returns -1    \
+ * when a work buffer cannot be allocated. */                                                            \
 static int rf_decode_attention_##S(const T *qkv, int64_t B, int nh, int nkv, int D, const T *kpool,      \
                                    const T *vpool, int64_t pool_slots, int block_size,                   \
                                    const int64_t *block_tables, int64_t width,                           \
-                                   const int64_t *context_lens, float scale, T *out) {                   \
+                                   const int64_t *context_lens, int64_t window, float scale, T *out) {   \
     int G = nh / nkv;                                                                                    \
     int64_t stride = (int64_t)(nh + 2 * nkv) * D, max_len = 0, work = 0;                                 \
     for (int64_t b = 0; b < B; b++) {                                                                    \
@@ -178,8 +183,8 @@ static int rf_decode_attention_##S(const T *qkv, int64_t B, int nh, int nkv, int
     }                                                                                                    \
     work *= (int64_t)nh * D;                                                                             \
     int failed = 0;                                                                                      \
-    void (*attend)(const T *, int, int, const T *, const T *, const int64_t *, int64_t, int, float, T *, \
-                   float *) = rf_attend_one_##S;                                                          \
+    void (*attend)(const T *, int, int, const T *, const T *, const int64_t *, int64_t, int64_t, int,    \
+                   float, T *, float *) = rf_attend_one_##S;                                              \
     if (RF_HAVE_AVX512_KERNELS && D % 16 == 0 && D <= 256 && rf_cpu_has_avx512())                       \
         attend = rf_attend_avx512_##S;                                                                   \
     _Pragma("omp parallel if (work >= RF_PARALLEL_MIN) reduction(|:failed)")                             \
@@ -190,10 +195,11 @@ static int rf_decode_attention_##S(const T *qkv, int64_t B, int nh, int nkv, int
         for (int64_t b = 0; b < B; b++) {                                                                \
             for (int h = 0; h < nkv; h++) {                                                              \
                 if (!buf) continue;                                                                      \
-                attend(qkv + b * stride + (int64_t)h * G * D, G, D,                           \
-                                  kpool + (int64_t)h * pool_slots * D, vpool + (int64_t)h * pool_slots * D, \
-                                  block_tables + b * width, context_lens[b], block_size, scale,          \
-                                  out + (b * nh + (int64_t)h * G) * D, buf);                             \
+                int64_t len = context_lens[b], lo = window > 0 && len > window ? len - window : 0;       \
+                attend(qkv + b * stride + (int64_t)h * G * D, G, D,                                      \
+                       kpool + (int64_t)h * pool_slots * D, vpool + (int64_t)h * pool_slots * D,         \
+                       block_tables + b * width, lo, len - lo, block_size, scale,                        \
+                       out + (b * nh + (int64_t)h * G) * D, buf);                                        \
             }                                                                                            \
         }                                                                                                \
         free(buf);                                                                                       \

@@ -14,10 +14,10 @@ cdef extern from "decode_kernels.h" nogil:
     int rf_decode_attention_f32(const float *qkv, int64_t B, int nh, int nkv, int D, const float *kpool,
                                 const float *vpool, int64_t pool_slots, int block_size,
                                 const int64_t *block_tables, int64_t width, const int64_t *context_lens,
-                                float scale, float *out)
+                                int64_t window, float scale, float *out)
     int rf_decode_attention_bf16(const uint16_t *qkv, int64_t B, int nh, int nkv, int D, const uint16_t *kpool,
                                  const uint16_t *vpool, int64_t pool_slots, int block_size,
                                  const int64_t *block_tables, int64_t width, const int64_t *context_lens,
-                                 float scale, uint16_t *out)
+                                 int64_t window, float scale, uint16_t *out)
     void rf_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)
     void rf_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t n)

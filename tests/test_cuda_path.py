@@ -299,8 +299,9 @@ def test_triton_decode_and_prefill_attention_equal_the_twins():
     cases = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted({(c["kind"], c["dtype"]) for c in cases}) == [
         ("decode", "bfloat16"), ("decode", "float32"), ("decode-split", "bfloat16"), ("decode-split", "float32"),
-        ("prefill", "bfloat16"), ("prefill", "float32")]
-    assert len(cases) == 18
+        ("decode-split-window", "bfloat16"), ("decode-split-window", "float32"), ("decode-window", "bfloat16"),
+        ("decode-window", "float32"), ("prefill", "bfloat16"), ("prefill", "float32")]
+    assert len(cases) == 30
     for case in cases:   # |error| / (|reference| + 1); bf16: the output's own rounding (2^-8 relative)
         tol = 1e-5 if case["dtype"] == "float32" else 8e-3
         assert case["max_scaled_diff"] < tol, case

@@ -120,6 +120,21 @@ def test_decode_attention_matches_twin(compiled, dtype, heads):
     assert close(ours, ref, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_over_a_sliding_window_matches_twin(compiled, dtype):
+    """Each query sees its sequence's last `window` positions: shorter contexts as before, longer ones not."""
+    H, Hkv, D = 8, 2, 32
+    lens = [1, 4, 5, 37, 130]
+    qkv, kc, vc, meta = decode_case(H, Hkv, D, dtype, lens)
+    fresh = lambda: AttentionMetadata(False, None, meta.block_tables, context_lens=meta.context_lens)  # noqa: E731
+    ours = compiled.decode_attention(qkv, H, Hkv, kc, vc, fresh(), D ** -0.5, 6)
+    ref = twin.decode_attention(qkv, H, Hkv, kc, vc, fresh(), D ** -0.5, 6)
+    assert close(ours, ref, dtype)
+    whole = twin.decode_attention(qkv, H, Hkv, kc, vc, fresh(), D ** -0.5)
+    assert torch.equal(ours[:3], compiled.decode_attention(qkv, H, Hkv, kc, vc, fresh(), D ** -0.5)[:3])
+    assert all(not close(ours[i:i + 1], whole[i:i + 1], dtype) for i in (3, 4))   # the window binds there
+
+
 def test_decode_attention_large_batch_runs_parallel_and_matches(compiled):
     lens = [int(n) for n in torch.randint(1, 300, (24,), generator=gen(9))]
     qkv, kc, vc, meta = decode_case(9, 3, 64, torch.float32, lens, block_size=16)

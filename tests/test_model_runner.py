@@ -41,6 +41,9 @@ TINY_VARIANTS = {
     "mistral-window-head-dim": ("mistral", {}),
     "phi3-fused": ("phi3", {}),
     "gemma3-local-global": ("gemma3_text", {}),
+    # windows the prompts and decode steps cross (attention over each layer's last 8 positions)
+    "mistral-window-binds": ("mistral", {"sliding_window": 8}),
+    "gemma3-local-window-binds": ("gemma3_text", {"sliding_window": 8}),
     "llama-untied-linear-rope": ("llama", {"tie_word_embeddings": False,
                                            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
     "llama-mha-llama3-rope": ("llama", {"num_key_value_heads": 4, "rope_parameters": {

@@ -14,7 +14,7 @@ def diffs(got, ref):
     return {"max_abs_diff": err.max().item(), "max_scaled_diff": (err / (ref.abs() + 1)).max().item()}
 
 
-def case(kernels, dtype, heads, kv_heads, head_dim):
+def case(kernels, dtype, heads, kv_heads, head_dim, window=0):
     gen = torch.Generator().manual_seed(heads * 100 + head_dim)
     bs, blocks = 16, 40
     k_cache = torch.randn(kv_heads, blocks + 1, bs, head_dim, generator=gen).to(dtype)
@@ -32,11 +32,11 @@ def case(kernels, dtype, heads, kv_heads, head_dim):
     qkv = torch.randn(len(contexts), (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
     lens = torch.tensor(contexts)
     got = kernels.decode_attention(qkv, heads, kv_heads, k_cache, v_cache,
-                                   AttentionMetadata(False, None, tables, context_lens=lens), head_dim ** -0.5)
+                                   AttentionMetadata(False, None, tables, context_lens=lens), head_dim ** -0.5, window)
     ref = twin.decode_attention(qkv.float(), heads, kv_heads, k_cache.float(), v_cache.float(),
-                                AttentionMetadata(False, None, tables, context_lens=lens), head_dim ** -0.5)
+                                AttentionMetadata(False, None, tables, context_lens=lens), head_dim ** -0.5, window)
     assert got.dtype == dtype and got.shape == ref.shape
-    return {"kind": "decode", "dtype": str(dtype).split(".")[-1], "heads": heads, "kv_heads": kv_heads,
+    return {"kind": "decode-window" if window else "decode", "dtype": str(dtype).split(".")[-1], "heads": heads, "kv_heads": kv_heads,
             "head_dim": head_dim, **diffs(got, ref)}
 
 
@@ -75,8 +75,11 @@ if __name__ == "__main__":
     shapes = ((9, 3, 64), (4, 4, 32), (6, 2, 48))
     dtypes = (torch.float32, torch.bfloat16)
     cases = [case(_kernels_triton, dtype, *shape) for dtype in dtypes for shape in shapes]
+    cases += [case(_kernels_triton, dtype, *shape, window=24) for dtype in dtypes for shape in shapes]   # binds at 64+
     cases += [prefill_case(_kernels_triton, dtype, *shape) for dtype in dtypes for shape in shapes]
     _kernels_triton.PART_TOKENS = 64   # the same decode cases with each context split in parts of 64 tokens
     assert _kernels_triton.decode_parts(6, 3, 12 * 16) == 3
     cases += [dict(case(_kernels_triton, dtype, *shape), kind="decode-split") for dtype in dtypes for shape in shapes]
+    cases += [dict(case(_kernels_triton, dtype, *shape, window=24), kind="decode-split-window")   # empty early parts
+              for dtype in dtypes for shape in shapes]
     print(json.dumps(cases))

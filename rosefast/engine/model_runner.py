@@ -30,16 +30,9 @@ class SeqInput:
 
 
 def served_context(max_model_len, args):
-    """The context this engine serves: the setting (0: the model's), at most the model's, and at most its
-    sliding window — attention over the last W positions equals full attention while no sequence is longer,
-    so within it the paged kernels are exact; a longer setting is refused by name."""
+    """The context this engine serves: the setting (0: the model's), at most the model's (a sliding window
+    is attention's business: each layer with one sees its last W positions)."""
     limit = args.max_position_embeddings
-    if args.sliding_window and args.sliding_window < limit:
-        if max_model_len > args.sliding_window:
-            raise ValueError(f"max_model_len {max_model_len} is past this model's sliding window "
-                             f"({args.sliding_window} positions); attention over a window is not implemented: "
-                             f"serve at most {args.sliding_window}")
-        limit = args.sliding_window
     return min(max_model_len or limit, limit)
 
 

@@ -69,6 +69,7 @@ cdef class LayerPlan:
     cdef int nh, nkv, D
     cdef int64_t hidden, inter, qkv_n
     cdef float eps, scale
+    cdef int64_t window
     cdef object dtype
 
     def __init__(self, layer):
@@ -83,7 +84,7 @@ cdef class LayerPlan:
         self.nh, self.nkv, self.D = a.num_heads, a.num_kv_heads, a.head_dim
         self.hidden, self.inter = a.hidden_size, a.intermediate_size
         self.qkv_n = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim
-        self.eps, self.scale = a.norm_eps, layer.scale
+        self.eps, self.scale, self.window = a.norm_eps, layer.scale, layer.window
         self.input_norm = _ptr(layer.input_norm.data, self.dtype, "input_norm")
         self.post_norm = _ptr(layer.post_norm.data, self.dtype, "post_norm")
         cdef int tier = _tier(layer).index
@@ -172,6 +173,7 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
     cdef uintptr_t pgu = pob + B * H * es, pact = pgu + B * 2 * I * es
     cdef Linear *lin = plan.lin
     cdef float eps = plan.eps, scale = plan.scale
+    cdef int64_t window = plan.window
     cdef int rc = 0
     with nogil:
         if bf16:
@@ -182,7 +184,7 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
                              <const uint16_t *>ps, <uint16_t *>pk, <uint16_t *>pv, pool_slots)
             rc |= rf_decode_attention_bf16(<const uint16_t *>pqkv, B, nh, nkv, D, <const uint16_t *>pk,
                                            <const uint16_t *>pv, pool_slots, <int>block_size, <const int64_t *>pt,
-                                           width, <const int64_t *>pl, scale, <uint16_t *>pa)
+                                           width, <const int64_t *>pl, window, scale, <uint16_t *>pa)
             rc |= _linear(&lin[1], <void *>pa, 1, B, <void *>pob)
             rf_rms_norm_bf16(<uint16_t *>px, <const uint16_t *>pob, <const uint16_t *>plan.post_norm, <uint16_t *>ph,
                              B, H, eps)
@@ -196,7 +198,7 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
                             <float *>pk, <float *>pv, pool_slots)
             rc |= rf_decode_attention_f32(<const float *>pqkv, B, nh, nkv, D, <const float *>pk, <const float *>pv,
                                           pool_slots, <int>block_size, <const int64_t *>pt, width,
-                                          <const int64_t *>pl, scale, <float *>pa)
+                                          <const int64_t *>pl, window, scale, <float *>pa)
             rc |= _linear(&lin[1], <void *>pa, 0, B, <void *>pob)
             rf_rms_norm_f32(<float *>px, <const float *>pob, <const float *>plan.post_norm, <float *>ph, B, H, eps)
             rc |= _linear(&lin[2], <void *>ph, 0, B, <void *>pgu)

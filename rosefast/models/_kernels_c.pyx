@@ -86,9 +86,10 @@ def store_kv(qkv, int num_heads, int num_kv_heads, slots, k_cache, v_cache, cos=
                             <float *>pn, <float *>pk, <float *>pv, pool_slots)
 
 
-def decode_attention(qkv, int num_heads, int num_kv_heads, k_cache, v_cache, meta, float scale):
-    """Each sequence's one query (the q of its qkv row) over its context, read from the pools in place
-    through meta.block_tables [B, width] and meta.context_lens [B] -> [B, H * D]."""
+def decode_attention(qkv, int num_heads, int num_kv_heads, k_cache, v_cache, meta, float scale, int64_t window=0):
+    """Each sequence's one query (the q of its qkv row) over its context (its last `window` positions when
+    given: a sliding window), read from the pools in place through meta.block_tables [B, width] and
+    meta.context_lens [B] -> [B, H * D]."""
     cdef bint bf16 = _is_bf16(qkv)
     dt = qkv.dtype
     cdef int64_t B, width
@@ -104,11 +105,11 @@ def decode_attention(qkv, int num_heads, int num_kv_heads, k_cache, v_cache, met
         if bf16:
             rc = rf_decode_attention_bf16(<uint16_t *>pq, B, num_heads, num_kv_heads, D, <uint16_t *>pk,
                                           <uint16_t *>pv, pool_slots, block_size, <int64_t *>pt, width,
-                                          <int64_t *>pl, scale, <uint16_t *>po)
+                                          <int64_t *>pl, window, scale, <uint16_t *>po)
         else:
             rc = rf_decode_attention_f32(<float *>pq, B, num_heads, num_kv_heads, D, <float *>pk, <float *>pv,
-                                         pool_slots, block_size, <int64_t *>pt, width, <int64_t *>pl, scale,
-                                         <float *>po)
+                                         pool_slots, block_size, <int64_t *>pt, width, <int64_t *>pl, window,
+                                         scale, <float *>po)
     if rc != 0:
         raise MemoryError("decode_attention: no memory for the attention work buffers")
     return out

@@ -2,7 +2,7 @@
 
     h = rms_norm(x, weight, eps, residual)          # x += residual (in place) first, when given
     store_kv(qkv, H, Hkv, slots, k_cache, v_cache, cos, sin)   # RoPE q, k in place; k, v into the pools
-    out = decode_attention(qkv, H, Hkv, k_cache, v_cache, meta, scale)
+    out = decode_attention(qkv, H, Hkv, k_cache, v_cache, meta, scale[, window])   # window: the last W positions
     act = silu_mul(gate_up)
 
 Pools are one layer's [Hkv, blocks, block_size, D] (head-major, see rosefast.engine.kv_cache). The decode
@@ -68,6 +68,18 @@ def _gather_plan(meta, num_kv_heads, k_cache):
     return meta.decode_mask, meta.gather_index
 
 
+def _window_mask(meta, mask, num_kv_heads, window):
+    """The step's decode mask with each sequence's positions before its last `window` hidden too."""
+    if meta.window_masks is None:
+        meta.window_masks = {}
+    if window not in meta.window_masks:
+        span, lens = mask.shape[-1], meta.context_lens
+        early = torch.arange(span, device=mask.device)[None, :] < (lens - window)[:, None]      # [B, L]
+        hide = torch.zeros(early.shape, dtype=torch.float32, device=mask.device).masked_fill_(early, float("-inf"))
+        meta.window_masks[window] = mask + hide.repeat(num_kv_heads, 1)[:, None, :]
+    return meta.window_masks[window]
+
+
 class GatherWorkspace:
     """Two persistent gather buffers (K, V) shared by every layer and step of one runner: allocating (and
     page-faulting) megabytes per layer per step was measurable."""
@@ -92,10 +104,13 @@ def _gather_buffers(meta, k_cache, nblocks):
     return meta.workspace.buffers(shape, k_cache.dtype, k_cache.device)
 
 
-def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale):
-    """Gather each (head, sequence) context from the pools, then GQA groups of queries as matmul rows."""
+def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, window=0):
+    """Gather each (head, sequence) context from the pools, then GQA groups of queries as matmul rows; with a
+    `window`, each query sees its sequence's last `window` positions only."""
     B, width, D, block_size, _ = decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta)
     mask, index = _gather_plan(meta, num_kv_heads, k_cache)
+    if window:
+        mask = _window_mask(meta, mask, num_kv_heads, window)
     n = index.numel()                                                                    # Hkv * B * width
     k_ctx, v_ctx = _gather_buffers(meta, k_cache, n // num_kv_heads)
     # dim-0 gathers of whole (head, block) rows: the fast contiguous-copy path

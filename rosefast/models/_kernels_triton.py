@@ -55,7 +55,7 @@ def _attend_tile(q, k_pool, v_pool, offs, kvmask, keep, scale, m_i, l_i, acc, IE
 
 @triton.jit
 def _paged_decode(qkv, k_pool, v_pool, tables, context_lens, out, parts, lse, stride_qkv, stride_table,
-                  stride_head, stride_out, scale, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                  stride_head, stride_out, scale, window, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                   DP: tl.constexpr, BS: tl.constexpr, TILE: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
                   H: tl.constexpr, P: tl.constexpr, PART: tl.constexpr):
     b = tl.program_id(0)
@@ -75,9 +75,10 @@ def _paged_decode(qkv, k_pool, v_pool, tables, context_lens, out, parts, lse, st
     t = tl.arange(0, TILE)
     first = part * PART
     end = tl.minimum(ctx, first + PART) if P > 1 else ctx
-    for start in range(first, end, TILE):
+    lo = tl.maximum(ctx - window, 0)   # a sliding window's first position (no window: a width past any context)
+    for start in range(tl.maximum(first, lo - lo % TILE), end, TILE):
         pos = start + t
-        valid = pos < end
+        valid = (pos < end) & (pos >= lo)
         block = tl.load(tables + b * stride_table + pos // BS, mask=valid, other=0)
         rows = block.to(tl.int64) * BS + pos % BS
         offs = h.to(tl.int64) * stride_head + rows[:, None] * D + d[None, :]
@@ -126,8 +127,9 @@ def decode_parts(rows, kv_heads, table_tokens):
 @torch.library.custom_op("rosefast::paged_decode_attention", mutates_args=())
 def paged_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, num_heads: int,
-                           num_kv_heads: int, scale: float) -> torch.Tensor:
-    """[B, H*D] attention of each row's query heads (in qkv [B, (H + 2Hkv) * D]) over its context."""
+                           num_kv_heads: int, scale: float, window: int = 0) -> torch.Tensor:
+    """[B, H*D] attention of each row's query heads (in qkv [B, (H + 2Hkv) * D]) over its context (its last
+    `window` positions when given)."""
     B = qkv.shape[0]
     _, _, block_size, D = k_cache.shape
     out = torch.empty(B, num_heads * D, dtype=qkv.dtype, device=qkv.device)
@@ -138,7 +140,7 @@ def paged_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     lse = torch.empty(B * num_heads * P, dtype=torch.float32, device=qkv.device) if P > 1 else out
     _paged_decode[(B, num_kv_heads, P)](
         qkv, k_cache, v_cache, block_tables, context_lens, out, parts, lse, qkv.stride(0), block_tables.stride(0),
-        k_cache.stride(0), out.stride(0), scale, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, DP=DP,
+        k_cache.stride(0), out.stride(0), scale, window if window > 0 else 2**31 - 1, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, DP=DP,
         BS=block_size, TILE=tile, IEEE=qkv.dtype == torch.float32 or INTERPRET, UPCAST=INTERPRET, H=num_heads, P=P,
         PART=part)
     if P > 1:
@@ -148,7 +150,7 @@ def paged_decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 
 @paged_decode_attention.register_fake
-def _(qkv, k_cache, v_cache, block_tables, context_lens, num_heads, num_kv_heads, scale):
+def _(qkv, k_cache, v_cache, block_tables, context_lens, num_heads, num_kv_heads, scale, window=0):
     tensors = (qkv, k_cache, v_cache, block_tables, context_lens)
     if len({t.device for t in tensors}) != 1:
         raise RuntimeError(f"paged_decode_attention: tensors on {[str(t.device) for t in tensors]}")
@@ -253,11 +255,11 @@ def supports(k_cache):
     return bs & (bs - 1) == 0 and k_cache.stride()[1:] == (bs * D, D, 1)
 
 
-def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale):
+def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, window=0):
     decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta)
     if qkv.stride(-1) != 1 or not supports(k_cache):
         from rosefast.models import _kernels_py
 
-        return _kernels_py.decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale)
+        return _kernels_py.decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, window)
     return paged_decode_attention(qkv, k_cache, v_cache, meta.block_tables, meta.context_lens, num_heads,
-                                  num_kv_heads, float(scale))
+                                  num_kv_heads, float(scale), int(window))

@@ -20,6 +20,7 @@ class AttentionMetadata:
     gather_index: torch.Tensor = None   # decode, torch twin: [Hkv*B*nb] rows of the [Hkv*blocks, bs*D] pool view
     workspace: object = None            # decode, torch twin: its GatherWorkspace (None: fresh buffers)
     plan: object = None                 # a kernel flavour's own per-step tensors (built by the first layer)
+    window_masks: dict = None           # decode, torch twin: a sliding window's mask by its width (built once a step)
 
 
 def rope_inv_freq(args):
@@ -55,8 +56,9 @@ def rope_cache(args, max_positions):
     return emb.cos(), emb.sin()
 
 
-def prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):
-    """Each sequence's new tokens attend causally to its context -> [T, H*D]. q: [T, H, D]; k, v: [T, Hkv, D].
+def prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale, window=0):
+    """Each sequence's new tokens attend causally to its context (to its last `window` positions when given: a
+    sliding window) -> [T, H*D]. q: [T, H, D]; k, v: [T, Hkv, D].
 
     The call's K/V are already in the pools (store_kv). A chunk with nothing cached before it attends to
     its fresh K/V; a later chunk (or a cached prefix) gathers its context from the pools, which are
@@ -71,33 +73,41 @@ def prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale):
     gqa = H != num_kv_heads
     for i, (qlen, ctx) in enumerate(zip(meta.query_lens, meta.context_lens)):
         qi = q[start:start + qlen].transpose(0, 1)[None]                                  # [1, H, q, D]
-        if ctx == qlen:  # nothing cached before this chunk: attend to the fresh K/V
+        binds = window and ctx > window   # a sliding window that hides some of the context from some query
+        if ctx == qlen and not binds:  # nothing cached before this chunk: attend to the fresh K/V
             ki = k[start:start + qlen].transpose(0, 1)[None]
             vi = v[start:start + qlen].transpose(0, 1)[None]
             oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            blocks = meta.block_tables[i, :-(-ctx // block_size)]
-            ki = k_cache.index_select(1, blocks).view(1, num_kv_heads, -1, D)[:, :, :ctx]   # [1, Hkv, ctx, D]
-            vi = v_cache.index_select(1, blocks).view(1, num_kv_heads, -1, D)[:, :, :ctx]
+            lo = max(0, ctx - qlen - window + 1) if binds else 0   # no query sees a position before lo
+            first, last = lo // block_size, -(-ctx // block_size)
+            blocks = meta.block_tables[i, first:last]
+            ki = k_cache.index_select(1, blocks).view(1, num_kv_heads, -1, D)[:, :, lo - first * block_size:ctx - first * block_size]
+            vi = v_cache.index_select(1, blocks).view(1, num_kv_heads, -1, D)[:, :, lo - first * block_size:ctx - first * block_size]
             qpos = torch.arange(ctx - qlen, ctx, device=q.device)
-            mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]          # [q, ctx]
+            kpos = torch.arange(lo, ctx, device=q.device)[None, :]
+            mask = kpos <= qpos[:, None]                                                   # [q, ctx - lo]
+            if binds:
+                mask &= kpos > qpos[:, None] - window
             oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=gqa)
         outs.append(oi[0].transpose(0, 1).reshape(qlen, H * D))
         start += qlen
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, ops):
+def attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, ops, window=0):
     """Attend over the pools, this call's K/V already in them (the caller's store_kv) -> [T, H*D]: the
     flavour's decode kernel; for prefill its own kernel when it has one, else the per-sequence SDPA below on
-    q, k, v views of the (rotated) qkv rows."""
+    q, k, v views of the (rotated) qkv rows. window: a sliding window's width (0: the whole context)."""
     if not meta.is_prefill:
+        if window:
+            return ops.decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, window)
         return ops.decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale)
     fused = getattr(ops, "prefill_attention", None)   # the Triton flavour's one launch for the whole step
-    if fused is not None:
+    if fused is not None and not window:
         out = fused(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale)
         if out is not None:
             return out
     heads = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, -1)
     q, k, v = heads.split((num_heads, num_kv_heads, num_kv_heads), dim=1)
-    return prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale)
+    return prefill_attention(q, k, v, k_cache, v_cache, meta, num_kv_heads, scale, window)

@@ -12,9 +12,10 @@ from rosefast.models.layers import attention, rope_cache
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, args):
+    def __init__(self, args, window=0):
+        """window: attention over the last `window` positions (a sliding window; 0: all)."""
         super().__init__()
-        self.args = args
+        self.args, self.window = args, window
         self.input_norm = nn.Parameter(torch.ones(args.hidden_size))
         self.qkv = nn.Linear(args.hidden_size, args.q_size + 2 * args.kv_size, bias=args.qkv_bias)  # fused q|k|v
         self.o = nn.Linear(args.q_size, args.hidden_size, bias=args.o_bias)
@@ -40,7 +41,7 @@ class LlamaLayer(nn.Module):
         if a.qk_norm:
             _norm_heads(qkv, a.num_heads, a.num_kv_heads, self.q_norm, self.k_norm, a.norm_eps)
         ops.store_kv(qkv, a.num_heads, a.num_kv_heads, meta.slot_mapping, k_cache, v_cache, cos, sin)
-        attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops)
+        attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops, self.window)
         if a.gemma:   # post_norm is Gemma's pre-feedforward norm; the MLP is tanh-GELU gated
             attn = ops.rms_norm(self.o.forward(attn), self.post_attn_norm, a.norm_eps)
             h = ops.rms_norm(x, self.post_norm, a.norm_eps, attn)
@@ -49,6 +50,13 @@ class LlamaLayer(nn.Module):
             return x, ops.rms_norm(mlp, self.post_mlp_norm, a.norm_eps)
         h = ops.rms_norm(x, self.post_norm, a.norm_eps, self.o.forward(attn))
         return x, self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
+
+
+def layer_window(args, i):
+    """Layer i's sliding window (0: none): every layer's (Mistral), or the local layers' (Gemma 3)."""
+    if not args.sliding_window or (args.gemma and i not in args.local_layers):
+        return 0
+    return args.sliding_window
 
 
 def _norm_heads(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps):
@@ -66,7 +74,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.args = args
         self.embed = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(args, layer_window(args, i)) for i in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         # [P, D] tables for every position the model knows; not weights (no state-dict entry). Computed on
