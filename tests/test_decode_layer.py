@@ -29,9 +29,11 @@ def _decode_logits(runner):
 @needs
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("bias", [False, True], ids=["llama", "qkv-bias"])
-def test_one_call_per_layer_gives_the_per_op_paths_bits(dtype, bias, tier):
-    model = tiny_random("llama", attention_bias=True) if bias else tiny_random("llama")
+@pytest.mark.parametrize("variant", ["llama", "qkv-bias", "mistral-window"])
+def test_one_call_per_layer_gives_the_per_op_paths_bits(dtype, variant, tier):
+    model = {"llama": lambda: tiny_random("llama"), "qkv-bias": lambda: tiny_random("llama", attention_bias=True),
+             "mistral-window": lambda: tiny_random("mistral", sliding_window=8)}[variant]()   # a window the 21-token
+    # prompt and its decode steps cross
     runner = _engine(model, dtype, kernels=tier).runner
     plans = runner.model.decode_plans
     assert plans is not None and all(type(p) is decode_layer.impl.LayerPlan for p in plans)

@@ -185,16 +185,27 @@ def test_a_family_directory_is_served_over_http_as_hugging_face_generates(defaul
     assert got["text"] == tok.decode(want.tolist())
 
 
-def test_a_sliding_window_is_served_only_where_it_never_binds(default_model):
-    """Mistral's window (512 here) is shorter than its positions (1024): the engine serves at most 512 tokens,
-    where attention over the window is full attention; asking for more is refused by name."""
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
+def test_a_sliding_window_is_served_past_it_as_hugging_face_generates(default_model, family):
+    """A window of 8 positions that the prompt and the completion cross (Mistral: every layer's; Gemma 3: its
+    local layer's), the whole context served: greedy tokens are Hugging Face's, in chunked prefills of 5 tokens
+    and again from the prefix cache."""
     from rosefast.engine.llm_engine import LLMEngine
+    from rosefast.engine.sampling import SamplingParams
 
-    mistral = tiny_random("mistral")
-    assert LLMEngine(model=mistral, dtype="float32", kv_cache_tokens=2048).max_model_len == 512
-    assert LLMEngine(model=mistral, dtype="float32", kv_cache_tokens=2048, max_model_len=300).max_model_len == 300
-    with pytest.raises(ValueError, match=r"max_model_len 1000 is past this model's sliding window \(512 positions\)"):
-        LLMEngine(model=mistral, dtype="float32", kv_cache_tokens=2048, max_model_len=1000)
+    model = tiny_random(family, sliding_window=8)
+    tok = load_tokenizer(model)
+    prompt = tok("The tiny model says that the window is short, and then it goes on").input_ids
+    assert len(prompt) > 8
+    with torch.inference_mode():
+        want = load_hf_model(model).generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                                             pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(prompt):]
+    engine = LLMEngine(model=model, dtype="float32", kv_cache_tokens=2048, block_size=4, max_num_batched_tokens=5)
+    assert engine.max_model_len == 1024   # not cut to the window
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    for _ in range(2):   # the second: the prompt's blocks from the prefix cache
+        assert engine.generate([prompt], params, use_tqdm=False)[0]["token_ids"] == want.tolist()
+    assert engine.stats()["prefix_cache_hits"] > 0
 
 
 @pytest.mark.parametrize("family, change, message", [

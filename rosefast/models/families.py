@@ -31,11 +31,11 @@ FAMILIES = {f.model_type: f for f in (
     Family("qwen2", "llama", "Qwen2 / Qwen2.5", qkv_bias=True, o_bias=False),
     Family("qwen3", "llama", "Qwen3 (dense)", qkv_bias=None, o_bias=None, qk_norm=True,
            reasoning=("<think>", "</think>")),
-    Family("mistral", "llama", "Mistral (7B v0.2+, Nemo, Small: a sliding window only up to the served context)",
+    Family("mistral", "llama", "Mistral (7B, Nemo, Small; a sliding window where the config has one)",
            gguf_qk_permuted=True),
     Family("phi3", "llama", "Phi-3 (full rotary, no long-RoPE: Phi-3-mini-4k, Phi-3-medium-4k)",
            fused_weights=True),
-    Family("gemma3_text", "llama", "Gemma 3 (text: 270M, 1B; local layers' window served only up to where it "
-           "never binds)", qk_norm=True, gemma=True),
+    Family("gemma3_text", "llama", "Gemma 3 (text: 270M, 1B; local layers on a sliding window)", qk_norm=True,
+           gemma=True),
     Family("gpt2", "gpt2", "GPT-2"),
 )}
