@@ -28,7 +28,7 @@ class ModelArgs:
     rope_scaling: tuple = ()     # sorted (key, value) pairs of the config's rope parameters
     eos_token_ids: tuple = ()
     family: str = "llama"        # the Hugging Face model_type (a key of rosefast.models.families.FAMILIES)
-    sliding_window: int = 0      # attention sees the last W positions (0: all); served only where it never binds
+    sliding_window: int = 0      # attention sees the last W positions (0: all): every layer, or Gemma's local ones
     gemma: bool = False          # Gemma's layer and embedding (families.Family.gemma)
     attention_scale: float = 0.0 # 0: head_dim ** -0.5
     local_layers: tuple = ()     # Gemma: the layers on the sliding window, with their own RoPE (local_rope)

@@ -23,7 +23,7 @@ _BASE = {
         head_dim=32, max_position_embeddings=1024, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, initializer_range=0.1,
     ),
-    "mistral": dict(   # a sliding window shorter than the positions: served within it
+    "mistral": dict(   # a sliding window shorter than the positions (tests cross smaller ones)
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, max_position_embeddings=1024, sliding_window=512, rope_theta=1000000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=False, initializer_range=0.1,
