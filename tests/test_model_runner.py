@@ -43,6 +43,12 @@ TINY_VARIANTS = {
     "gemma3-local-global": ("gemma3_text", {}),
     # windows the prompts and decode steps cross (attention over each layer's last 8 positions)
     "mistral-window-binds": ("mistral", {"sliding_window": 8}),
+    "phi3-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5}),
+    # Phi-4-mini's RoPE: on 3/4 of each head, long-RoPE's short factors and attention factor (served to 64 here)
+    "phi3-longrope-partial": ("phi3", {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 64,
+                                       "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                           "short_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0],
+                                                           "long_factor": [4.0] * 6}}),
     "gemma3-local-window-binds": ("gemma3_text", {"sliding_window": 8}),
     "llama-untied-linear-rope": ("llama", {"tie_word_embeddings": False,
                                            "rope_scaling": {"rope_type": "linear", "factor": 2.0}}),

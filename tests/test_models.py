@@ -209,10 +209,10 @@ def test_a_sliding_window_is_served_past_it_as_hugging_face_generates(default_mo
 
 
 @pytest.mark.parametrize("family, change, message", [
-    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}},
-     r"partial_rotary_factor 0.75 .* is not supported yet"),
-    ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8,
-                                  "long_factor": [2.0] * 8}}, r"Unsupported rope_type 'longrope'"),
+    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5625}},
+     r"partial_rotary_factor 0.5625 gives 9 of 16 head dims: RoPE needs an even number of them"),
+    ("phi3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}},
+     r"Unsupported rope_type 'yarn'"),
 ])
 def test_what_a_family_does_not_support_yet_is_refused_by_name(default_model, family, change, message):
     from rosefast.models.args import model_args_from_config
@@ -221,3 +221,26 @@ def test_what_a_family_does_not_support_yet_is_refused_by_name(default_model, fa
     config = {**json.loads((tiny_random(family).path / "config.json").read_text()), **change}
     with pytest.raises(ModelError, match=message):
         rope_inv_freq(model_args_from_config(config))
+
+
+def test_long_rope_is_served_up_to_its_original_positions_and_a_longer_setting_is_refused(default_model):
+    """Phi-4-mini's RoPE (3/4 of each head rotated, long-RoPE): greedy tokens are Hugging Face's within
+    original_max_position_embeddings (its short factors); past them (the long factors) is refused by name."""
+    from rosefast.engine.llm_engine import LLMEngine
+    from rosefast.engine.sampling import SamplingParams
+
+    model = tiny_random("phi3", partial_rotary_factor=0.75, original_max_position_embeddings=64,
+                        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                         "short_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0], "long_factor": [4.0] * 6})
+    tok = load_tokenizer(model)
+    prompt = tok("The tiny model says").input_ids
+    with torch.inference_mode():
+        want = load_hf_model(model).generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                                             pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(prompt):]
+    engine = LLMEngine(model=model, dtype="float32", kv_cache_tokens=2048)
+    assert engine.max_model_len == 64
+    got = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert got[0]["token_ids"] == want.tolist()
+    with pytest.raises(ValueError, match=r"max_model_len 100 is past this model's original_max_position_embeddings "
+                                         r"\(64\): long-RoPE's switch to its long factors there is not implemented"):
+        LLMEngine(model=model, dtype="float32", kv_cache_tokens=2048, max_model_len=100)

@@ -31,8 +31,18 @@ class SeqInput:
 
 def served_context(max_model_len, args):
     """The context this engine serves: the setting (0: the model's), at most the model's (a sliding window
-    is attention's business: each layer with one sees its last W positions)."""
+    is attention's business: each layer with one sees its last W positions); a long-RoPE model at most up to
+    its original_max_position_embeddings, where its short factors hold (its switch to the long ones past them
+    is not implemented; a longer setting is refused by name)."""
     limit = args.max_position_embeddings
+    rope = dict(args.rope_scaling)
+    if rope.get("rope_type") == "longrope":
+        original = int(rope["original_max_position_embeddings"])
+        if max_model_len > original:
+            raise ValueError(f"max_model_len {max_model_len} is past this model's original_max_position_embeddings "
+                             f"({original}): long-RoPE's switch to its long factors there is not implemented; serve "
+                             f"at most {original}")
+        limit = min(limit, original)
     return min(max_model_len or limit, limit)
 
 

@@ -26,6 +26,7 @@ class ModelArgs:
     qk_norm: bool = False        # a per-head RMSNorm of q and k before RoPE (Qwen3)
     rope_theta: float = 10000.0
     rope_scaling: tuple = ()     # sorted (key, value) pairs of the config's rope parameters
+    rotary_dim: int = 0          # RoPE on each head's first rotary_dim dims (0: all; Phi-4-mini: 3/4 of them)
     eos_token_ids: tuple = ()
     family: str = "llama"        # the Hugging Face model_type (a key of rosefast.models.families.FAMILIES)
     sliding_window: int = 0      # attention sees the last W positions (0: all): every layer, or Gemma's local ones
@@ -55,7 +56,9 @@ def _rope(config):
     theta = params.pop("rope_theta", None) or config.get("rope_theta") or 10000.0
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params["rope_type"] = rope_type
-    return float(theta), tuple(sorted(params.items()))
+    if rope_type == "longrope" and "original_max_position_embeddings" not in params:   # Phi-3's top-level field
+        params["original_max_position_embeddings"] = config.get("original_max_position_embeddings")
+    return float(theta), tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
 
 
 def _gemma(config):
@@ -97,15 +100,17 @@ def model_args_from_config(config):
     heads = config["num_attention_heads"]
     gemma = _gemma(config) if family.gemma else {}
     theta, scaling = gemma.pop("rope") if family.gemma else _rope(config)
+    head_dim = config.get("head_dim") or hidden // heads
     partial = dict(scaling).get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ModelError(f"{family.label}: partial_rotary_factor {partial} (RoPE on part of each head, as in "
-                         "Phi-4-mini) is not supported yet; this family is served with RoPE on whole heads only")
+    rotary_dim = int(head_dim * partial) if partial != 1.0 else 0
+    if rotary_dim % 2 or rotary_dim > head_dim:
+        raise ModelError(f"{family.label}: partial_rotary_factor {partial} gives {rotary_dim} of {head_dim} head "
+                         "dims: RoPE needs an even number of them, at most the head's")
     attention_bias = bool(config.get("attention_bias", False))
     return ModelArgs(
         arch=family.module, vocab_size=config["vocab_size"], hidden_size=hidden,
         num_layers=config["num_hidden_layers"], num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads,
-        head_dim=config.get("head_dim") or hidden // heads, intermediate_size=config["intermediate_size"],
+        head_dim=head_dim, intermediate_size=config["intermediate_size"], rotary_dim=rotary_dim,
         norm_eps=config.get("rms_norm_eps", 1e-6), max_position_embeddings=config.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=attention_bias if family.qkv_bias is None else family.qkv_bias,

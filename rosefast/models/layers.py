@@ -24,8 +24,16 @@ class AttentionMetadata:
 
 
 def rope_inv_freq(args):
-    """Inverse frequencies [head_dim / 2] for the config's rope_theta and rope scaling (on the CPU)."""
-    dim = args.head_dim
+    """Inverse frequencies [head_dim / 2] for the config's rope_theta and rope scaling (on the CPU). With a
+    partial rotary (rotary_dim), the rotated dims' frequencies then zeros: the q/k head dims are reordered at
+    load (llama.partial_rotary_rows) so that the rotated pairs are (i, i + head_dim / 2), and a zero frequency
+    leaves the other dims as they are (cos 1, sin 0)."""
+    dim = args.rotary_dim or args.head_dim
+    inv_freq = _scaled_inv_freq(args, dim)
+    return torch.cat((inv_freq, torch.zeros(args.head_dim // 2 - dim // 2, dtype=inv_freq.dtype, device="cpu")))
+
+
+def _scaled_inv_freq(args, dim):
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
     params = dict(args.rope_scaling)
     rope_type = params.get("rope_type", "default")
@@ -33,6 +41,8 @@ def rope_inv_freq(args):
         return inv_freq
     if rope_type == "linear":
         return inv_freq / params["factor"]
+    if rope_type == "longrope":   # the short factors: served up to original_max_position_embeddings (served_context)
+        return inv_freq / torch.tensor(params["short_factor"], dtype=torch.float64, device="cpu")
     if rope_type == "llama3":
         factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
         old_len = params["original_max_position_embeddings"]
@@ -43,7 +53,19 @@ def rope_inv_freq(args):
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(medium, smoothed, scaled)
-    raise ModelError(f"Unsupported rope_type {rope_type!r}; supported: default, linear, llama3")
+    raise ModelError(f"Unsupported rope_type {rope_type!r}; supported: default, linear, llama3, longrope")
+
+
+def rope_attention_factor(args):
+    """What cos and sin are scaled by: longrope's attention factor (given, or from the extension ratio), else 1."""
+    params = dict(args.rope_scaling)
+    if params.get("rope_type") != "longrope":
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or args.max_position_embeddings / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 def rope_cache(args, max_positions):
@@ -53,6 +75,10 @@ def rope_cache(args, max_positions):
     t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
     freqs = torch.outer(t, inv_freq)                      # [P, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)               # [P, D]
+    scale = rope_attention_factor(args)
+    if scale != 1.0:   # (the unrotated dims of a partial rotary keep cos 1: they are not scaled)
+        rotated = (inv_freq != 0).repeat(2)
+        return torch.where(rotated, emb.cos() * scale, emb.cos()), torch.where(rotated, emb.sin() * scale, emb.sin())
     return emb.cos(), emb.sin()
 
 

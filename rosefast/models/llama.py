@@ -133,6 +133,19 @@ class LlamaModel(nn.Module):
         return F.linear(h, self.embed.weight) if self.lm_head is None else self.lm_head.forward(h)
 
 
+def partial_rotary_rows(args):
+    """The q|k|v row order that puts a partial rotary's pairs at (i, i + head_dim / 2) in every q and k head
+    (Hugging Face rotates dims i and i + r / 2 of the first r = rotary_dim; the rest pass through), so that
+    whole-head RoPE with zero frequencies past r / 2 (layers.rope_inv_freq) computes the same thing; q . k is
+    the same under one reordering of both, and v is left as it is."""
+    D, r = args.head_dim, args.rotary_dim
+    half, rest = r // 2, (D - r) // 2
+    head = torch.cat((torch.arange(half), r + torch.arange(rest), half + torch.arange(half), r + rest + torch.arange(rest)))
+    qk = args.num_heads + args.num_kv_heads
+    order = torch.cat([h * D + head for h in range(qk)])
+    return torch.cat((order, qk * D + torch.arange(args.kv_size)))
+
+
 def llama_state_dict(hf, args):
     """Our parameter names from a Hugging Face Llama/Qwen2/Qwen3 state dict (q|k|v and gate|up fused)."""
     norm = (lambda w: w + 1) if args.gemma else (lambda w: w)   # Gemma's x * (1 + w), as a plain RMSNorm weight
@@ -154,6 +167,11 @@ def llama_state_dict(hf, args):
             torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
         if args.qkv_bias:
             out[o + "qkv.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+        if args.rotary_dim:
+            rows = partial_rotary_rows(args)
+            out[o + "qkv.weight"] = out[o + "qkv.weight"][rows]
+            if args.qkv_bias:
+                out[o + "qkv.bias"] = out[o + "qkv.bias"][rows]
         out[o + "o.weight"] = hf[p + "self_attn.o_proj.weight"]
         if args.o_bias:
             out[o + "o.bias"] = hf[p + "self_attn.o_proj.bias"]
