@@ -223,9 +223,11 @@ def test_what_a_family_does_not_support_yet_is_refused_by_name(default_model, fa
         rope_inv_freq(model_args_from_config(config))
 
 
-def test_long_rope_is_served_up_to_its_original_positions_and_a_longer_setting_is_refused(default_model):
-    """Phi-4-mini's RoPE (3/4 of each head rotated, long-RoPE): greedy tokens are Hugging Face's within
-    original_max_position_embeddings (its short factors); past them (the long factors) is refused by name."""
+def test_long_rope_switches_factors_as_hugging_face_does_and_keeps_them_apart_in_the_prefix_cache(default_model):
+    """Phi-4-mini's RoPE (3/4 of each head rotated, long-RoPE past 64 positions here): a short prompt whose
+    completion crosses the switch (its prompt's keys keep the short factors, the steps past it take the long
+    ones) and a prompt longer than the switch (every key long) each give Hugging Face's greedy tokens, in either
+    order through one prefix cache (a short prompt's blocks are not a long one's, though their tokens match)."""
     from rosefast.engine.llm_engine import LLMEngine
     from rosefast.engine.sampling import SamplingParams
 
@@ -233,14 +235,22 @@ def test_long_rope_is_served_up_to_its_original_positions_and_a_longer_setting_i
                         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                                          "short_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0], "long_factor": [4.0] * 6})
     tok = load_tokenizer(model)
-    prompt = tok("The tiny model says").input_ids
-    with torch.inference_mode():
-        want = load_hf_model(model).generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                                             pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(prompt):]
-    engine = LLMEngine(model=model, dtype="float32", kv_cache_tokens=2048)
-    assert engine.max_model_len == 64
-    got = engine.generate([prompt], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), use_tqdm=False)
-    assert got[0]["token_ids"] == want.tolist()
-    with pytest.raises(ValueError, match=r"max_model_len 100 is past this model's original_max_position_embeddings "
-                                         r"\(64\): long-RoPE's switch to its long factors there is not implemented"):
-        LLMEngine(model=model, dtype="float32", kv_cache_tokens=2048, max_model_len=100)
+    short = tok("The tiny model says that").input_ids
+    long = (short * 20)[:70]
+    hf = load_hf_model(model)
+
+    def hf_greedy(prompt, n):
+        with torch.inference_mode():
+            return hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                               pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(prompt):].tolist()
+
+    want = {"short": hf_greedy(short, 70), "long": hf_greedy(long, 12), "prefix": hf_greedy(long[:48], 8)}
+    for order in (("short", "prefix", "long"), ("long", "prefix", "short")):
+        engine = LLMEngine(model=model, dtype="float32", kv_cache_tokens=4096, block_size=4)
+        assert engine.max_model_len == 1024
+        prompts = {"short": (short, 70), "long": (long, 12), "prefix": (long[:48], 8)}
+        for name in order:
+            prompt, n = prompts[name]
+            got = engine.generate([prompt], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True),
+                                  use_tqdm=False)[0]["token_ids"]
+            assert got == want[name], (order, name)

@@ -1,6 +1,7 @@
 """BlockManager: ref-counted KV blocks with prefix caching.
 
-Each full block of a sequence gets a chained hash (previous block's hash + this block's tokens) once
+Each full block of a sequence gets a chained hash (previous block's hash + this block's tokens; the first
+block's chain starts from the sequence's cache_salt: a long-RoPE sequence past its switch) once
 its K/V are computed. A new sequence looks its leading full blocks up by hash, and a hit is confirmed
 by comparing the tokens, so a hash collision can never hand out the wrong K/V. Freed blocks keep their
 hash and content until they are needed again (lazy eviction, least recently freed first).
@@ -57,7 +58,7 @@ class BlockManager:
         ended on a miss. Changes nothing: pass the result to can_allocate and allocate."""
         if not self.enable_prefix_cache or seq.wants_prompt_logprobs:   # every position computed, none skipped
             return [], False
-        bs, found, prev = self.block_size, [], None
+        bs, found, prev = self.block_size, [], seq.cache_salt
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = self.hash_fn(prev, tokens)
@@ -129,7 +130,7 @@ class BlockManager:
         i = seq.num_hashed_blocks
         if i >= full:   # most steps: no block filled up
             return
-        prev = self.block_hash[seq.block_table[i - 1]] if i else None
+        prev = self.block_hash[seq.block_table[i - 1]] if i else seq.cache_salt
         while i < full:
             block = seq.block_table[i]
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])

@@ -16,10 +16,12 @@ from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence
 from rosefast.engine.stand_in import StandInRunner
 from rosefast.errors import EngineDeadError
+from rosefast.models.layers import long_rope_switch
 from rosefast.models.sources import STAND_IN, resolve_model
 
 log = logging.getLogger("rosefast.engine")
 SEED_SPAN = 2**63
+LONG_ROPE = "long-rope"   # the prefix-cache salt of a long-RoPE sequence past its switch (Sequence.cache_salt)
 
 
 @dataclass(slots=True)
@@ -73,6 +75,7 @@ class LLMEngine:
         self._row_errors = {}   # request id -> the error its row failed with alone this step (its grammar refused
                                 # a token, its sampling or commit raised)
         self._forked = []       # the choices forked in this step (they fail with it if it fails)
+        self._long_rope = long_rope_switch(self.args)   # a long-RoPE model's switch (None: another model)
         self.steps = 0
 
     @property
@@ -134,6 +137,8 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} or one of its fork ids is already in the engine")
         seq = Sequence(request_id, prompt_token_ids, params, self.args.eos_token_ids, self._seeds.getrandbits(63),
                        fork_ids)
+        if self._long_rope is not None and seq.num_tokens > self._long_rope:   # every key with the long factors:
+            seq.cache_salt = LONG_ROPE                                         # its blocks are not a short prompt's
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
         return request_id
@@ -195,8 +200,8 @@ class LLMEngine:
 
     def _run(self, step):
         """Forward, sample, commit: the outputs of the sequences that sampled a token."""
-        inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table)
-                  for seq, n in zip(step.seqs, step.chunks)]
+        inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table,
+                           seq.cache_salt is LONG_ROPE) for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
             else range(len(step.seqs))   # every decoding sequence samples
         full = {i for i, s in enumerate(step.seqs) if s.wants_prompt_logprobs} if step.is_prefill else None
@@ -289,6 +294,10 @@ class LLMEngine:
                 return None
         if reason is not None:
             self._end(seq, reason)
+        elif self._long_rope is not None and seq.cache_salt is None and seq.num_tokens > self._long_rope:
+            # past long-RoPE's switch: every key again with the long factors, as Hugging Face recomputes its cache
+            seq.cache_salt = LONG_ROPE
+            self.scheduler.preempt(seq)
         if len(seq.token_ids) - seq.num_prompt_tokens == 1:   # its first token
             return StepOutput(seq.request_id, [token], reason is not None, reason, seq.scheduled_at,
                               None if lp is None else [lp], seq.prompt_logprobs, seq.cached_prompt_tokens or 0)
@@ -352,7 +361,7 @@ class LLMEngine:
         for k, rid in enumerate(parent.fork_ids, start=1):
             child = Sequence(rid, parent.token_ids, parent.params, seed=self._seeds.getrandbits(63))
             child.stop_ids, child.scheduled_at, child.prompt_logprobs = parent.stop_ids, parent.scheduled_at, None
-            child.cached_prompt_tokens = parent.cached_prompt_tokens
+            child.cached_prompt_tokens, child.cache_salt = parent.cached_prompt_tokens, parent.cache_salt
             if parent.params.seed is not None:   # choice k draws with seed + k (mod 2**63: seeds are int64)
                 child.seed = (parent.params.seed + k) % SEED_SPAN
             self.seqs[rid] = child

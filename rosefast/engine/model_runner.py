@@ -12,7 +12,7 @@ from rosefast.engine.device import resolve_device, resolve_dtype, upload, use_de
 from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampler import Sampler
 from rosefast.models._kernels_py import GatherWorkspace
-from rosefast.models.layers import AttentionMetadata
+from rosefast.models.layers import AttentionMetadata, rope_index
 from rosefast.models.loader import load_model
 from rosefast.models.packed import pack_linears
 from rosefast.models.quant import check_mode, quantize_linears, weight_bytes
@@ -27,22 +27,14 @@ class SeqInput:
     token_ids: list       # the new tokens to compute (a prefill chunk, or the one last token for decode)
     start: int            # tokens of this sequence already in the cache (the first new token's position)
     block_table: list     # block ids holding positions [0, start + len(token_ids))
+    long_rope: bool = False   # a long-RoPE sequence past the switch: its RoPE takes the long factors (rope_index)
 
 
 def served_context(max_model_len, args):
     """The context this engine serves: the setting (0: the model's), at most the model's (a sliding window
-    is attention's business: each layer with one sees its last W positions); a long-RoPE model at most up to
-    its original_max_position_embeddings, where its short factors hold (its switch to the long ones past them
-    is not implemented; a longer setting is refused by name)."""
+    is attention's business: each layer with one sees its last W positions; a long-RoPE model's factors,
+    RoPE's: layers.rope_index)."""
     limit = args.max_position_embeddings
-    rope = dict(args.rope_scaling)
-    if rope.get("rope_type") == "longrope":
-        original = int(rope["original_max_position_embeddings"])
-        if max_model_len > original:
-            raise ValueError(f"max_model_len {max_model_len} is past this model's original_max_position_embeddings "
-                             f"({original}): long-RoPE's switch to its long factors there is not implemented; serve "
-                             f"at most {original}")
-        limit = min(limit, original)
     return min(max_model_len or limit, limit)
 
 
@@ -134,7 +126,7 @@ class ModelRunner:
             if all_logits is not True:
                 rows += range(len(ids), len(ids) + n) if all_logits and i in all_logits else (len(ids) + n - 1,)
             ids += s.token_ids
-            positions += pos
+            positions += rope_index(self.args, pos, s.long_rope)
             slots += self._slots(s, pos)
             query_lens.append(n)
             context_lens.append(s.start + n)
@@ -153,7 +145,9 @@ class ModelRunner:
         positions = [s.start for s in seqs]
         slots = [s.block_table[p // self.block_size] * self.block_size + p % self.block_size
                  for s, p in zip(seqs, positions)]
-        return ([s.token_ids[-1] for s in seqs] + [0] * pad + positions + [0] * pad +
+        rows = [p + self.args.max_position_embeddings if s.long_rope else p for s, p in zip(seqs, positions)]
+        return ([s.token_ids[-1] for s in seqs] + [0] * pad + rows + [0] * pad +   # rows: the rope tables'
+
                 slots + [self.kv.scratch_slot] * pad + [p + 1 for p in positions] + [1] * pad +
                 self._tables(seqs, width))
 

@@ -11,7 +11,7 @@ class SequenceStatus(Enum):
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
                  "num_cached", "num_hashed_blocks", "finish_reason", "stop_ids", "scheduled_at", "seed",
-                 "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens")
+                 "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens", "cache_salt")
 
     def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0, fork_ids=()):
         self.request_id = request_id
@@ -25,6 +25,7 @@ class Sequence:
         self.finish_reason = None
         self.scheduled_at = None     # perf_counter() when it was first scheduled (prefill start)
         self.cached_prompt_tokens = None   # its prompt tokens the prefix cache served, at its first allocation
+        self.cache_salt = None       # starts its blocks' hash chain: K/V that equal tokens do not give (long-RoPE)
         self.seed = params.seed if params.seed is not None else seed   # keys its draws, with the position
         # asked for: one entry per prompt token (the first has none), filled during prefill, given out with
         # the first output token

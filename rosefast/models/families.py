@@ -33,7 +33,7 @@ FAMILIES = {f.model_type: f for f in (
            reasoning=("<think>", "</think>")),
     Family("mistral", "llama", "Mistral (7B, Nemo, Small; a sliding window where the config has one)",
            gguf_qk_permuted=True),
-    Family("phi3", "llama", "Phi-3 / Phi-4-mini (a partial rotary; long-RoPE up to its original positions)",
+    Family("phi3", "llama", "Phi-3 / Phi-4-mini (a partial rotary, long-RoPE)",
            fused_weights=True),
     Family("gemma3_text", "llama", "Gemma 3 (text: 270M, 1B; local layers on a sliding window)", qk_norm=True,
            gemma=True),

@@ -23,17 +23,17 @@ class AttentionMetadata:
     window_masks: dict = None           # decode, torch twin: a sliding window's mask by its width (built once a step)
 
 
-def rope_inv_freq(args):
+def rope_inv_freq(args, long=False):
     """Inverse frequencies [head_dim / 2] for the config's rope_theta and rope scaling (on the CPU). With a
     partial rotary (rotary_dim), the rotated dims' frequencies then zeros: the q/k head dims are reordered at
     load (llama.partial_rotary_rows) so that the rotated pairs are (i, i + head_dim / 2), and a zero frequency
     leaves the other dims as they are (cos 1, sin 0)."""
     dim = args.rotary_dim or args.head_dim
-    inv_freq = _scaled_inv_freq(args, dim)
+    inv_freq = _scaled_inv_freq(args, dim, long)
     return torch.cat((inv_freq, torch.zeros(args.head_dim // 2 - dim // 2, dtype=inv_freq.dtype, device="cpu")))
 
 
-def _scaled_inv_freq(args, dim):
+def _scaled_inv_freq(args, dim, long=False):
     inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
     params = dict(args.rope_scaling)
     rope_type = params.get("rope_type", "default")
@@ -41,8 +41,9 @@ def _scaled_inv_freq(args, dim):
         return inv_freq
     if rope_type == "linear":
         return inv_freq / params["factor"]
-    if rope_type == "longrope":   # the short factors: served up to original_max_position_embeddings (served_context)
-        return inv_freq / torch.tensor(params["short_factor"], dtype=torch.float64, device="cpu")
+    if rope_type == "longrope":   # its short factors, or past the switch its long ones (long_rope_switch)
+        factors = params["long_factor" if long else "short_factor"]
+        return inv_freq / torch.tensor(factors, dtype=torch.float64, device="cpu")
     if rope_type == "llama3":
         factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
         old_len = params["original_max_position_embeddings"]
@@ -68,10 +69,32 @@ def rope_attention_factor(args):
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
+def long_rope_switch(args):
+    """A long-RoPE model's original_max_position_embeddings: a sequence longer than that computes every key with
+    the long factors (Hugging Face's Phi-3 recomputes its cache when it first gets there: the engine recomputes
+    the sequence then, as a preemption does); shorter, with the short ones. None for any other model."""
+    params = dict(args.rope_scaling)
+    return int(params["original_max_position_embeddings"]) if params.get("rope_type") == "longrope" else None
+
+
+def rope_index(args, positions, long):
+    """The rows of a model's rope tables for positions of a sequence in long-RoPE's long mode (`long`) or not:
+    a long-RoPE model's tables are the short factors' rows then the long ones' (rope_cache)."""
+    return [p + args.max_position_embeddings for p in positions] if long else positions
+
+
 def rope_cache(args, max_positions):
     """cos and sin tables [max_positions, head_dim] in fp32 on the CPU (HF's non-interleaved layout: halves
-    repeated); the model keeps them as buffers, cast with its dtype and moved with it."""
-    inv_freq = rope_inv_freq(args).to(torch.float32)
+    repeated); the model keeps them as buffers, cast with its dtype and moved with it. A long-RoPE model's
+    tables are the short factors' rows then the long ones' [2 max_positions, head_dim] (rope_index)."""
+    if dict(args.rope_scaling).get("rope_type") == "longrope":
+        short, long = _rope_table(args, max_positions, False), _rope_table(args, max_positions, True)
+        return torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
+    return _rope_table(args, max_positions, False)
+
+
+def _rope_table(args, max_positions, long):
+    inv_freq = rope_inv_freq(args, long).to(torch.float32)
     t = torch.arange(max_positions, dtype=torch.float32, device="cpu")
     freqs = torch.outer(t, inv_freq)                      # [P, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)               # [P, D]
