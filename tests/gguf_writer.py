@@ -22,6 +22,9 @@ def quantize(w, kind):
     return _OURS[kind](w) if kind in _OURS else quants.quantize(w, kind)
 
 
+_FLOATS = {T.F16: np.float16, T.F32: np.float32}
+
+
 def write_llama_gguf(path, model, kind_of):
     """Write tiny Llama `model` (a ResolvedModel) to `path`; kind_of(gguf tensor name) -> its GGMLQuantizationType
     (norms are always F32)."""
@@ -53,10 +56,10 @@ def write_llama_gguf(path, model, kind_of):
             file = torch.empty_like(w)
             file[_rope_rows(w.shape[0], heads)] = w
             w = file
-        if w.dim() == 1:
-            writer.add_tensor(name, w.numpy())
+        kind = kind_of(name) if w.dim() > 1 else T.F32
+        if kind in _FLOATS:
+            writer.add_tensor(name, w.numpy().astype(_FLOATS[kind]))
         else:
-            kind = kind_of(name)
             writer.add_tensor(name, quantize(w.numpy(), kind), raw_dtype=kind)
 
     add("token_embd.weight", hf["model.embed_tokens.weight"])

@@ -220,3 +220,19 @@ def test_the_block_formats_benchmark_runs_every_format_on_every_tier_here():
     rows = block_formats.main(["--batches", "1", "--copies", "1", "--formats", "q4_k,q6_k"])
     assert [(fmt, tier) for fmt, tier, *_ in rows] == [(f, t) for f in ("q4_k", "q6_k") for t in TIERS]
     assert all(4.5 < bits < 6.7 and times[0] > 0 for _, _, bits, times in rows)
+
+
+def test_the_shaped_gguf_writer_writes_an_f16_file_rosefast_reads(tmp_path):
+    """benches/shaped_gguf.py (random weights in a real model's shapes, for llama-quantize): an F16 file whose
+    linears are not blocks (served as converted), the model's tensors all there."""
+    import gguf
+
+    from benches import shaped_gguf
+    from rosefast.models import tiny_random
+    from rosefast.models.args import load_model_args
+
+    path = shaped_gguf.main(["--shape", "tiny-256", "--out", str(tmp_path / "tiny-f16.gguf")])
+    tensors = gguf.GGUFReader(path).tensors
+    assert {t.tensor_type.name for t in tensors} == {"F16", "F32"} and len(tensors) == 2 + 9 * 2
+    args = load_model_args(tiny_random("llama", hidden_size=256, intermediate_size=512).path)
+    assert gguf_blocks.gguf_blocks(path, args) is None

@@ -103,6 +103,15 @@ def test_compiled_grammars_are_cached_and_bad_ones_are_refused_by_name(engine):
         SamplingParams(grammar="{}")
 
 
+def test_a_panic_inside_llguidance_is_the_requests_grammar_error(engine):
+    """Found by the reliability suite's fuzzer: llguidance panics (a Rust panic, pyo3's PanicException: no
+    Exception) cutting its error message inside a multi-byte character; that is the request's 400, not a 500."""
+    schema = {"type": "number", "maximum": [None, None, 1e15, {"\x1f\x1f\x1f\x1f": None,
+                                                                "0\x1f\x1f\x1f\x1f\x1f\u0800\u0800": None}]}
+    with pytest.raises(GrammarError, match="the grammar library failed on this grammar"):
+        engine.grammars.compile("json_schema", schema)
+
+
 def test_the_stand_in_refuses_a_grammar(engine):
     stand_in = LLMEngine(model="stand-in", kv_cache_tokens=4096)
     grammar = engine.grammars.compile("json_object")

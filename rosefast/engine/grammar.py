@@ -30,6 +30,17 @@ class GrammarError(ValueError):
     """A grammar that cannot be compiled: the message says why (llguidance's own words)."""
 
 
+def library_panic(e):
+    """Whether `e` is a Rust panic inside llguidance: pyo3's PanicException derives from BaseException, so an
+    `except Exception` lets it through (to a 500, or out of the engine thread)."""
+    return type(e).__name__ == "PanicException"
+
+
+def panic_error(e):
+    """A GrammarError for llguidance's panic `e` (its message's first line)."""
+    return GrammarError(f"the grammar library failed on this grammar: {(str(e).strip().splitlines() or ['?'])[0][:200]}")
+
+
 def _llguidance():
     try:
         import llguidance
@@ -70,7 +81,12 @@ class Grammar:
         self.kind, self.key, self._template = kind, key, template
 
     def matcher(self):
-        return self._template.deep_copy()
+        try:
+            return self._template.deep_copy()
+        except BaseException as e:
+            if not library_panic(e):
+                raise
+            raise panic_error(e) from None
 
     def __repr__(self):
         return f"Grammar({self.kind}, {self.key[1][:60]!r})"
@@ -120,6 +136,10 @@ class Grammars:
             raise
         except (ValueError, TypeError, RecursionError, OverflowError) as e:   # UnicodeError is a ValueError
             raise GrammarError(f"{type(e).__name__}: {e}") from None
+        except BaseException as e:
+            if not library_panic(e):
+                raise
+            raise panic_error(e) from None
 
     def _compile(self, kind, value):
         source = grammar_source(kind, value)
@@ -175,7 +195,12 @@ class GrammarMasks:
     def result(job):
         """(rows, bitmask [R, W] int32) once the fill is done."""
         rows, bitmask, helper = job
-        helper.wait()
+        try:
+            helper.wait()
+        except BaseException as e:   # fails the step's requests, not the engine thread
+            if not library_panic(e):
+                raise
+            raise panic_error(e) from None
         return rows, bitmask
 
 

@@ -1,0 +1,39 @@
+"""A random-weight GGUF with a real model's shapes (SmolLM2's tokenizer and vocabulary), for benchmarks on a model
+bigger than the embedded one: written in F16 by tests/gguf_writer.py, then quantized to what people download by
+llama.cpp's own `llama-quantize` (Q4_K_M, Q4_0, ...). llama.cpp loads random weights as it loads real ones.
+
+    python -m benches.shaped_gguf --shape llama-3.2-1b --out /tmp/llama1b-f16.gguf
+    llama-quantize /tmp/llama1b-f16.gguf /tmp/llama1b-q4_k_m.gguf Q4_K_M
+"""
+import argparse
+
+from gguf import GGMLQuantizationType
+
+SHAPES = {   # the Hugging Face configs' own numbers (the vocabulary aside: the tokenizer is SmolLM2's)
+    "tiny-256": dict(hidden_size=256, intermediate_size=512),   # the suite's smoke test
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=True,
+                         max_position_embeddings=4096, initializer_range=0.02),
+    "smollm2-360m": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                         num_key_value_heads=5, rope_theta=100000.0, tie_word_embeddings=True,
+                         max_position_embeddings=4096, initializer_range=0.02),
+}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    from rosefast.models import tiny_random
+    from tests.gguf_writer import write_llama_gguf
+
+    model = tiny_random("llama", seed=a.seed, **SHAPES[a.shape])
+    args = write_llama_gguf(a.out, model, lambda name: GGMLQuantizationType.F16)
+    print(f"{a.out}: {a.shape}, {args.num_layers} layers, hidden {args.hidden_size}, vocab {args.vocab_size}, F16")
+    return a.out
+
+
+if __name__ == "__main__":
+    main()
