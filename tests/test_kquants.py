@@ -172,6 +172,17 @@ def test_a_mixed_k_quant_file_is_served_from_its_own_blocks(mixed, tier, caplog)
     assert served < 0.21 * fp32   # 4.6-6.6 bits a weight, as the file holds them, against 32
 
 
+def test_an_int8_head_asked_for_by_name_is_q8_0_whatever_the_file_holds(mixed):
+    """auto takes the file's own head blocks (Q6_K here); quantize_lm_head=int8 is Q8_0, quantized at load."""
+    if quant_ops.pick("auto") is None:
+        pytest.skip("no compiled kernel tier here: the head is torch's int8 either way")
+    engine = LLMEngine(model=mixed, dtype="float32", device="cpu", kv_cache_tokens=1024, quantization="auto",
+                       quantize_lm_head="int8")
+    head = engine.runner.model.lm_head
+    assert isinstance(head, Int8Linear) and head.formats() == ["q8_0"]
+    assert not isinstance(engine.runner.model.embed, BlockEmbedding)   # its own table: the head is not the file's
+
+
 def test_the_blocks_of_a_mixed_file_are_kept_and_read_back_as_they_were(mixed, monkeypatch):
     from rosefast.models.args import load_model_args
     from rosefast.models.sources import gguf_source

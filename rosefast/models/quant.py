@@ -291,11 +291,13 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
             else:
                 setattr(layer, name, Int8Linear.from_weight(linear.weight, bias, kernels))
             count += 1
-    head = head_mode(head, mode)
+    asked, head = head, head_mode(head, mode)
     head_source = "quantized at load"
     if head != "none":
         weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
         file_head = from_file.get("head") if from_file is not None else None
+        if file_head is not None and asked == "int8" and file_head[0][0] != "q8_0":
+            file_head = None   # int8 asked for by name: Q8_0, the file's own only when it is that
         if head == "int4":
             model.lm_head = Int4Linear(*quantize_q4_1(weight), kernels=kernels)
         elif file_head is not None and (kernels is not None or file_head[0][0] == "q8_0"):
