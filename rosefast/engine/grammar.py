@@ -30,14 +30,12 @@ class GrammarError(ValueError):
     """A grammar that cannot be compiled: the message says why (llguidance's own words)."""
 
 
-def library_panic(e):
-    """Whether `e` is a Rust panic inside llguidance: pyo3's PanicException derives from BaseException, so an
-    `except Exception` lets it through (to a 500, or out of the engine thread)."""
-    return type(e).__name__ == "PanicException"
-
-
 def panic_error(e):
-    """A GrammarError for llguidance's panic `e` (its message's first line)."""
+    """A GrammarError for a Rust panic inside llguidance (its message's first line); anything else raised again.
+    pyo3's PanicException derives from BaseException, so an `except Exception` lets it through (to a 500, or out
+    of the engine thread): every llguidance call site catches BaseException and passes it here."""
+    if type(e).__name__ != "PanicException":
+        raise e
     return GrammarError(f"the grammar library failed on this grammar: {(str(e).strip().splitlines() or ['?'])[0][:200]}")
 
 
@@ -84,8 +82,6 @@ class Grammar:
         try:
             return self._template.deep_copy()
         except BaseException as e:
-            if not library_panic(e):
-                raise
             raise panic_error(e) from None
 
     def __repr__(self):
@@ -137,8 +133,6 @@ class Grammars:
         except (ValueError, TypeError, RecursionError, OverflowError) as e:   # UnicodeError is a ValueError
             raise GrammarError(f"{type(e).__name__}: {e}") from None
         except BaseException as e:
-            if not library_panic(e):
-                raise
             raise panic_error(e) from None
 
     def _compile(self, kind, value):
@@ -198,8 +192,6 @@ class GrammarMasks:
         try:
             helper.wait()
         except BaseException as e:   # fails the step's requests, not the engine thread
-            if not library_panic(e):
-                raise
             raise panic_error(e) from None
         return rows, bitmask
 

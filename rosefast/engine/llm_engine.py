@@ -9,7 +9,7 @@ import torch
 from rosefast.config import EngineConfig
 from rosefast.engine.block_manager import BlockManager
 from rosefast.engine.device import is_fatal_device_error, upload
-from rosefast.engine.grammar import GrammarError, GrammarMasks, Grammars, library_panic, panic_error
+from rosefast.engine.grammar import GrammarError, GrammarMasks, Grammars, panic_error
 from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.scheduler import Scheduler
@@ -323,8 +323,6 @@ class LLMEngine:
             error = (seq.matcher.get_error() or "").strip().splitlines()   # its first line: the rest dumps its state
             error = GrammarError(f"the grammar failed while generating: {error[0] if error else '?'}")
         except BaseException as e:   # a panic inside llguidance fails this row alone
-            if not library_panic(e):
-                raise
             error = panic_error(e)
         self._fail_row(seq, error)
         return "refused"

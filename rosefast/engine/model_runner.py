@@ -12,7 +12,7 @@ from rosefast.engine.device import resolve_device, resolve_dtype, upload, use_de
 from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampler import Sampler
 from rosefast.models._kernels_py import GatherWorkspace
-from rosefast.models.layers import AttentionMetadata, rope_index
+from rosefast.models.layers import AttentionMetadata, long_rope_switch, rope_index
 from rosefast.models.loader import load_model
 from rosefast.models.packed import pack_linears
 from rosefast.models.quant import check_mode, quantize_linears, weight_bytes
@@ -52,6 +52,7 @@ class ModelRunner:
             self.model, self.args, self.device = loaded
             self.dtype = next(p.dtype for p in self.model.parameters() if p.is_floating_point())
         self.max_model_len = served_context(config.max_model_len, self.args)
+        self.long_rope = long_rope_switch(self.args) is not None   # its rope tables: short | long (rope_index)
         self.block_size = config.block_size
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
@@ -126,7 +127,7 @@ class ModelRunner:
             if all_logits is not True:
                 rows += range(len(ids), len(ids) + n) if all_logits and i in all_logits else (len(ids) + n - 1,)
             ids += s.token_ids
-            positions += rope_index(self.args, pos, s.long_rope)
+            positions += rope_index(self.args, pos, s.long_rope) if self.long_rope else pos
             slots += self._slots(s, pos)
             query_lens.append(n)
             context_lens.append(s.start + n)
@@ -145,7 +146,8 @@ class ModelRunner:
         positions = [s.start for s in seqs]
         slots = [s.block_table[p // self.block_size] * self.block_size + p % self.block_size
                  for s, p in zip(seqs, positions)]
-        rows = [p + self.args.max_position_embeddings if s.long_rope else p for s, p in zip(seqs, positions)]
+        rows = [rope_index(self.args, (p,), s.long_rope)[0] for s, p in zip(seqs, positions)] if self.long_rope \
+            else positions
         return ([s.token_ids[-1] for s in seqs] + [0] * pad + rows + [0] * pad +   # rows: the rope tables'
 
                 slots + [self.kv.scratch_slot] * pad + [p + 1 for p in positions] + [1] * pad +

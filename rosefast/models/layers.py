@@ -87,7 +87,7 @@ def rope_cache(args, max_positions):
     """cos and sin tables [max_positions, head_dim] in fp32 on the CPU (HF's non-interleaved layout: halves
     repeated); the model keeps them as buffers, cast with its dtype and moved with it. A long-RoPE model's
     tables are the short factors' rows then the long ones' [2 max_positions, head_dim] (rope_index)."""
-    if dict(args.rope_scaling).get("rope_type") == "longrope":
+    if long_rope_switch(args) is not None:
         short, long = _rope_table(args, max_positions, False), _rope_table(args, max_positions, True)
         return torch.cat((short[0], long[0])), torch.cat((short[1], long[1]))
     return _rope_table(args, max_positions, False)
