@@ -34,13 +34,17 @@ class EngineConfig:
                                        # the linears are quantized, else none (rosefast.models.quant.head_mode)
     cpu_kernels: str = "auto"          # the quantized linears' kernels: auto (the best tier this CPU runs),
                                        # avx512vnni, avxvnni, avx2, neon, scalar (portable C), torch (torch's ops)
+    speculative: str = "auto"          # speculative decoding by prompt lookup (rosefast.engine.speculation): auto
+                                       # (where it pays: small batches, sequences whose guesses are kept), ngram
+                                       # (wherever a guess is found), off
+    speculative_tokens: int = 4        # the most tokens a sequence proposes per step
 
     def __post_init__(self):
         for name in ("block_size", "max_batch_size", "prefill_max_batch_size", "max_num_batched_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("kv_cache_tokens", "max_model_len", "num_threads", "max_active_requests"):
+        for name in ("kv_cache_tokens", "max_model_len", "num_threads", "max_active_requests", "speculative_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -64,6 +68,10 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of none, int8, int4, auto; got {self.quantization!r}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}; got {self.cpu_kernels!r}")
+        if self.speculative not in ("auto", "off", "ngram"):
+            raise ValueError(f"speculative must be one of auto, off, ngram; got {self.speculative!r}")
+        if self.speculative_tokens > 64:
+            raise ValueError(f"speculative_tokens must be at most 64, got {self.speculative_tokens!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}")
         if not (self.device in ("auto", "cpu", "cuda") or

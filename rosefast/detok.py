@@ -13,7 +13,8 @@ PROMPT_CONTEXT = 4   # prompt tokens given to the stream so the first output tok
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("_tokenizer", "_stream", "_stop", "_state", "_include_stop", "_held", "_echo", "stopped", "stop_string")
+    __slots__ = ("_tokenizer", "_stream", "_stop", "_state", "_include_stop", "_held", "_echo", "stopped", "stop_string",
+                 "used")
 
     def __init__(self, tokenizer, prompt_ids=(), stop=(), include_stop=False, skip_special_tokens=True):
         """tokenizer: a `tokenizers.Tokenizer` (a transformers fast tokenizer's `backend_tokenizer`)."""
@@ -34,10 +35,25 @@ class IncrementalDetokenizer:
         self._held = ""
         self.stopped = False
         self.stop_string = None   # the stop string that ended the text
+        self.used = 0             # of the last step's tokens, how many its text took (all but after a stop)
 
     def step(self, token_ids):
-        """The text these new tokens add (possibly ""), with stop strings applied; sets `stopped`."""
-        if len(token_ids) == 1:   # a decode step's one token
+        """The text these new tokens add (possibly ""), with stop strings applied; sets `stopped`. Several tokens
+        (a speculative step's) are taken one at a time while there are stop strings: the text ends at the token
+        that completes one, and `used` says how many of them the text took (the rest are not output)."""
+        if len(token_ids) == 1 or self._stop is None:   # a decode step's one token, or nothing to stop at
+            self.used = len(token_ids)
+            return self._step(token_ids)
+        parts = []
+        for used, token in enumerate(token_ids, start=1):
+            parts.append(self._step((token,)))
+            if self.stopped:
+                break
+        self.used = used
+        return "".join(parts)
+
+    def _step(self, token_ids):
+        if len(token_ids) == 1:
             text = self._stream.step(self._tokenizer, token_ids[0]) or ""
         else:
             text = "".join(filter(None, (self._stream.step(self._tokenizer, t) for t in token_ids)))

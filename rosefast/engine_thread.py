@@ -211,10 +211,14 @@ class EngineThread:
             record = requests.get(out.request_id)
             if record is None or record.detok is None:   # its consumer is gone, or it was aborted
                 continue
-            detok = record.detok
+            detok, ids, logprobs = record.detok, out.new_token_ids, out.logprobs
             try:
-                text = detok.step(out.new_token_ids)
+                text = detok.step(ids)
                 done, reason = out.finished, out.finish_reason
+                if detok.used < len(ids):   # a stop string ended the text before the step's last token (speculative
+                    ids = ids[:detok.used]  # steps give several): the tokens after it are not output, as one at a
+                    logprobs = logprobs and logprobs[:detok.used]   # time they would not have been made
+                    done = False
                 if detok.stopped and not done:
                     engine.abort(record.id)
                     done, reason = True, "stop"
@@ -227,8 +231,8 @@ class EngineThread:
                 engine.abort(record.id)
                 self._outbox.fail([record], EngineError(f"detokenizing failed: {e!r}"))
                 continue
-            if out.logprobs is not None and record.logprobs is not None:
-                record.logprobs.extend(out.logprobs)      # before the tokens are published: the consumer
+            if logprobs is not None and record.logprobs is not None:
+                record.logprobs.extend(logprobs)          # before the tokens are published: the consumer
             if out.prompt_logprobs is not None:           # takes one entry per token it gets
                 for choice in (record, *record.forks):
                     choice.prompt_logprobs = out.prompt_logprobs
@@ -238,9 +242,9 @@ class EngineThread:
             if t is not None:
                 if out.scheduled_at is not None:
                     t.scheduled, t.first_token = out.scheduled_at, now
-                t.token_times.extend([now] * len(out.new_token_ids))
+                t.token_times.extend([now] * len(ids))
                 t.finish_reason = reason
-            step.add(record, out.new_token_ids, text, done, reason)
+            step.add(record, ids, text, done, reason)
         self._outbox.send(step)
         if self._after_step is not None:
             self._after_step(engine.steps)

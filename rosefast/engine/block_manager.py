@@ -102,6 +102,22 @@ class BlockManager:
         while len(seq.block_table) < self.blocks_for(seq.num_tokens):
             seq.block_table.append(self._take_free())
 
+    def reserve(self, seq, num_tokens):
+        """Blocks up to `num_tokens` tokens for a step that computes past the sequence's newest token (a
+        speculative step's proposals; the caller counted the free blocks). `trim` gives back what was not kept."""
+        while len(seq.block_table) < self.blocks_for(num_tokens):
+            seq.block_table.append(self._take_free())
+
+    def trim(self, seq):
+        """Give back the blocks past the sequence's newest token (reserved, then not needed: their K/V are of
+        rejected proposals, and no hash was registered for them)."""
+        keep = self.blocks_for(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            block = seq.block_table.pop()
+            self.ref_counts[block] -= 1
+            assert self.ref_counts[block] == 0 and self.block_hash[block] is None, "a trimmed block was shared"
+            self.free_plain.append(block)
+
     def fork(self, parent, child):
         """Give `child` the parent's computed blocks: the full ones shared (ref-counted), a trailing partial
         one copied into a fresh block. Returns that copy's (source, destination) blocks, or None; False when

@@ -13,7 +13,8 @@ from rosefast.engine.grammar import GrammarError, GrammarMasks, Grammars, panic_
 from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.scheduler import Scheduler
-from rosefast.engine.sequence import Sequence
+from rosefast.engine.sequence import Sequence, SequenceStatus
+from rosefast.engine.speculation import Speculator
 from rosefast.engine.stand_in import StandInRunner
 from rosefast.errors import EngineDeadError
 from rosefast.models.layers import long_rope_switch
@@ -76,6 +77,7 @@ class LLMEngine:
                                 # a token, its sampling or commit raised)
         self._forked = []       # the choices forked in this step (they fail with it if it fails)
         self._long_rope = long_rope_switch(self.args)   # a long-RoPE model's switch (None: another model)
+        self.speculator = Speculator(self.config.speculative, self.config.speculative_tokens, self.config.block_size)
         self.steps = 0
 
     @property
@@ -160,7 +162,8 @@ class LLMEngine:
         return {"kv_blocks_used": bm.num_used_blocks, "kv_blocks_total": bm.num_blocks, "prefix_cache_hits": bm.hits,
                 "prefix_cache_misses": bm.misses, "prefix_cache_evictions": bm.evictions,
                 "preemptions": sched.preemptions, "steps": self.steps, "running": len(sched.running),
-                "waiting": len(sched.waiting), "sequences": len(self.seqs), "forks": self.forks}
+                "waiting": len(sched.waiting), "sequences": len(self.seqs), "forks": self.forks,
+                **self.speculator.stats()}
 
     # -- the step ------------------------------------------------------------------------------------
 
@@ -200,6 +203,10 @@ class LLMEngine:
 
     def _run(self, step):
         """Forward, sample, commit: the outputs of the sequences that sampled a token."""
+        if not step.is_prefill and self.speculator.enabled:
+            plan = self.speculator.plan(step.seqs, self.max_model_len, self.block_manager.num_free_blocks)
+            if plan:
+                return self._run_speculative(step, plan)
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table,
                            seq.cache_salt is LONG_ROPE) for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
@@ -242,6 +249,77 @@ class LLMEngine:
             if out is not None:
                 outputs.append(out)
         return outputs
+
+    def _run_speculative(self, step, plan):
+        """A decode step that also verifies proposals (`plan`: {i: proposed ids} for step.seqs[i]; see
+        rosefast.engine.speculation): each sequence's last token and its proposals take a row each, at their own
+        positions, in one forward pass. Then depth by depth, each sequence still going samples its row at that
+        depth exactly as a decode step would (its penalties, grammar, seed and position as of the tokens kept so
+        far) and commits the token; it goes on to the next row while the token equals its proposal there. The
+        blocks reserved for rows that were not kept are given back."""
+        bm, seqs = self.block_manager, step.seqs
+        inputs, first = [], []
+        for i, seq in enumerate(seqs):
+            first.append(len(inputs))
+            long, base = seq.cache_salt is LONG_ROPE, seq.num_cached
+            inputs.append(SeqInput(seq.token_ids[-1:], base, seq.block_table, long))
+            proposal = plan.get(i)
+            if proposal:
+                bm.reserve(seq, seq.num_tokens + len(proposal))
+                inputs += [SeqInput([t], base + 1 + j, seq.block_table, long) for j, t in enumerate(proposal)]
+        masks = self._masks.start(seqs)
+        logits = self.runner.forward(inputs, False)
+        self.speculator.steps += 1
+        outputs, going, depth = {}, list(range(len(seqs))), 0
+        kept = dict.fromkeys(plan, 0)
+        try:
+            while going:
+                batch = [seqs[i] for i in going]
+                for seq in batch:   # the K/V of the row at this depth are of a kept token
+                    seq.num_cached += 1
+                    bm.commit(seq)
+                if depth:
+                    masks = self._masks.start(batch)
+                rows = [first[i] + depth for i in going]
+                allowed = self._allowed(masks, range(len(batch))) if masks is not None else None
+                tokens, logprobs = self._sample(self._rows(logits, rows), batch, allowed)
+                nxt = []
+                for i, seq, token, lp in zip(going, batch, tokens, logprobs):
+                    if seq.request_id in self._row_errors:
+                        continue
+                    try:
+                        out = self._commit(seq, token, lp)
+                    except Exception as e:  # noqa: BLE001 - this row's fault fails this row alone
+                        if is_fatal_device_error(e):
+                            raise
+                        self._fail_row(seq, e)
+                        continue
+                    if out is None:
+                        continue
+                    outputs[seq.request_id] = self._merged(outputs[seq.request_id], out) \
+                        if seq.request_id in outputs else out
+                    proposal = plan.get(i, ())
+                    if depth < len(proposal) and token == proposal[depth]:
+                        kept[i] += 1
+                        if seq.status is SequenceStatus.RUNNING:   # not finished, nor preempted by long-RoPE
+                            nxt.append(i)
+                going, depth = nxt, depth + 1
+        finally:   # the proposals' fate, and the blocks of rows not kept back, whatever happened in the step
+            for i, proposal in plan.items():
+                seq = seqs[i]
+                if seq.status is SequenceStatus.RUNNING:
+                    bm.trim(seq)
+                self.speculator.record(seq, len(proposal), kept[i])
+        return list(outputs.values())
+
+    @staticmethod
+    def _merged(first, later):
+        """One step's outputs of one sequence as one: its tokens (and their logprobs) in order, the last finish."""
+        first.new_token_ids += later.new_token_ids
+        if first.logprobs is not None:
+            first.logprobs += later.logprobs
+        first.finished, first.finish_reason = later.finished, later.finish_reason
+        return first
 
     def _sample(self, logits, seqs, allowed):
         """The step's tokens and logprobs. When the batched sampler fails, it runs again row by row: a row whose

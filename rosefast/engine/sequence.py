@@ -11,7 +11,8 @@ class SequenceStatus(Enum):
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
                  "num_cached", "num_hashed_blocks", "finish_reason", "stop_ids", "scheduled_at", "seed",
-                 "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens", "cache_salt")
+                 "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens", "cache_salt",
+                 "speculation")
 
     def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0, fork_ids=()):
         self.request_id = request_id
@@ -33,6 +34,7 @@ class Sequence:
         self.fork_ids = tuple(fork_ids)   # the other choices of an n > 1 request: forked after its prefill
         # structured output: its own grammar matcher, which takes each token it samples
         self.matcher = params.grammar.matcher() if params.grammar is not None else None
+        self.speculation = None      # speculative decoding's state for it (engine.speculation), made when it decodes
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop.update(eos_token_ids)

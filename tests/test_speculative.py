@@ -1,0 +1,267 @@
+"""Speculative decoding by prompt lookup: the same tokens as without it (greedy and seeded), the target
+distribution kept (chi-square), blocks exact after rollback, and everything a request asks for held."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from rosefast.engine.llm_engine import LLMEngine
+from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sequence import Sequence, SequenceStatus
+from rosefast.engine.speculation import AUTO_MAX_BATCH, NgramIndex, Speculator
+from rosefast.models import load_tokenizer
+from tests.test_sampler import ALPHA, chi_square_p
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+
+
+def make_engine(model, mode, **kw):
+    kw.setdefault("kv_cache_tokens", 4096)
+    kw.setdefault("block_size", 4)
+    kw.setdefault("dtype", "float32")
+    return LLMEngine(model=model, speculative=mode, **kw)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_llama):
+    return load_tokenizer(tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def prompts(tok):
+    """Copy-heavy prompts (a phrase repeated: the lookup finds what follows) and ones that do not repeat."""
+    texts = ["The quick brown fox jumps over the lazy dog. " * 5, "one two three four five six seven " * 4,
+             "Once upon a time in a land far away there lived a", "def f(x):\n    return x + 1\n" * 3, "Why?"]
+    return [tok(t).input_ids for t in texts] + [list(range(200, 230)) * 3]
+
+
+def drive(engine, arrivals, params, check=None):
+    """arrivals: {step: [prompt, ...]}; {request id: tokens} (and `check(engine)` after every step)."""
+    out, step = {}, 0
+    while step <= max(arrivals) or engine.has_unfinished():
+        for p in arrivals.get(step, []):
+            out[engine.add_request(p, params)] = []
+        result = engine.step()
+        assert result.error is None, result.error
+        for o in result.outputs:
+            out[o.request_id] += o.new_token_ids
+        if check is not None:
+            check(engine)
+        step += 1
+    return [out[i] for i in sorted(out)]
+
+
+def blocks_exact(engine):
+    """Every running sequence holds blocks for its computed tokens and none past its newest token (the blocks of
+    rejected proposals' rows were given back)."""
+    bm = engine.block_manager
+    bm.check()
+    for seq in engine.scheduler.running:
+        assert bm.blocks_for(seq.num_cached) <= len(seq.block_table) <= bm.blocks_for(seq.num_tokens), seq
+
+
+def test_the_index_proposes_what_followed_the_latest_longest_match():
+    index = NgramIndex()
+    tokens = [1, 2, 3, 4, 9, 2, 3, 5, 7, 1, 2, 3]
+    assert index.propose(tokens, 3) == [4, 9, 2]          # (2, 3) last seen at 5..6, (1, 2, 3) at 0..2: longest wins
+    assert index.propose(tokens, 3) == [4, 9, 2]          # again, nothing re-indexed
+    assert NgramIndex().propose([1, 2, 3, 4, 9, 2, 3, 5, 7, 8, 2, 3], 3) == [5, 7, 8]   # the latest (2, 3)
+    assert NgramIndex().propose([1, 2, 3, 4], 4) == []     # no earlier occurrence of any suffix
+    assert NgramIndex().propose([5, 5, 5], 4) == [5]        # the suffix itself is never its own match
+    grown = NgramIndex()
+    seq = [7, 8, 1, 2]
+    assert grown.propose(seq, 2) == []
+    seq += [7, 8]                                           # grows with the tokens: the new positions indexed
+    assert grown.propose(seq, 2) == [1, 2]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_tokens_equal_decoding_without_speculation(tiny_llama, prompts, dtype):
+    want = [make_engine(tiny_llama, "off", dtype=dtype).generate([p], GREEDY, use_tqdm=False)[0]["token_ids"]
+            for p in prompts]
+    engine = make_engine(tiny_llama, "ngram", dtype=dtype)
+    got = [drive(engine, {0: [p]}, GREEDY, check=blocks_exact)[0] for p in prompts]   # batch 1
+    assert got == want
+    stats = engine.stats()
+    assert stats["spec_accepted"] > 0 and stats["spec_proposed"] > stats["spec_accepted"]   # kept and rejected
+    assert engine.steps < sum(len(w) for w in want)   # fewer steps than tokens
+    assert engine.block_manager.num_used_blocks == 0
+    engine.block_manager.check()
+
+
+def test_batches_prefix_cache_chunked_prefill_and_preemption_cross_speculative_steps(tiny_llama, prompts):
+    arrivals = {0: prompts[:3], 2: prompts[3:], 5: prompts[:2]}   # the last two hit the prefix cache
+    off = make_engine(tiny_llama, "off", max_num_batched_tokens=24, kv_cache_tokens=160)
+    want = drive(off, arrivals, GREEDY)
+    engine = make_engine(tiny_llama, "ngram", max_num_batched_tokens=24, kv_cache_tokens=160)
+    assert drive(engine, arrivals, GREEDY, check=blocks_exact) == want
+    stats = engine.stats()
+    assert stats["preemptions"] > 0 and stats["prefix_cache_hits"] > 0 and stats["spec_accepted"] > 0
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_seeded_sampling_gives_the_same_tokens_with_penalties_bias_and_logprobs(tiny_llama, prompts):
+    params = [SamplingParams(max_tokens=30, temperature=0.8, top_k=8, seed=s, ignore_eos=True, logprobs=3,
+                             repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1,
+                             logit_bias={100: 2.0}, min_tokens=5) for s in range(len(prompts))]
+    greedy_low = [SamplingParams(max_tokens=30, temperature=0.05, top_k=2, seed=s, ignore_eos=True, logprobs=2)
+                  for s in range(len(prompts))]
+    for plist in (params, greedy_low):
+        want = make_engine(tiny_llama, "off").generate(prompts, plist, use_tqdm=False)
+        engine = make_engine(tiny_llama, "ngram")
+        got = engine.generate(prompts, plist, use_tqdm=False)
+        assert [g["token_ids"] for g in got] == [w["token_ids"] for w in want]
+        for g, w in zip(got, want):   # the same entries, their values within the rounding any batching gives
+            assert [[t for t, _ in top] for _, top in g["logprobs"]] == [[t for t, _ in top] for _, top in w["logprobs"]]
+            assert np.allclose([lp for lp, _ in g["logprobs"]], [lp for lp, _ in w["logprobs"]], atol=1e-4)
+    assert engine.stats()["spec_accepted"] > 0
+
+
+def test_a_grammar_takes_only_kept_tokens_and_no_forbidden_proposal(tiny_llama):
+    engine = make_engine(tiny_llama, "ngram")
+    off = make_engine(tiny_llama, "off")
+    grammar = engine.grammars.compile("regex", "(ab ){3,12}end")
+    prompt = engine.tokenizer("ab ab ab ab ab ab ab ab").input_ids
+    params = SamplingParams(max_tokens=40, temperature=0, grammar=grammar)
+    got = engine.generate([prompt], params, use_tqdm=False)[0]
+    want = off.generate([prompt], SamplingParams(max_tokens=40, temperature=0,
+                                                 grammar=off.grammars.compile("regex", "(ab ){3,12}end")),
+                        use_tqdm=False)[0]
+    assert got["token_ids"] == want["token_ids"] and got["finish_reason"] == want["finish_reason"]
+    assert engine.stats()["spec_accepted"] > 0
+
+
+def test_the_sampled_next_token_follows_the_target_distribution_when_a_proposal_is_checked(tiny_llama, tok):
+    """The token drawn where a proposal is verified (the first decode step: its lookup proposes what followed the
+    same bigram earlier in the prompt) follows the processed distribution; a proposal taken without the check
+    (its token, whatever the draw) fails this."""
+    temperature, top_k = 1.0, 4
+    base = tok("Alice told Bob that the garden was full of birds and").input_ids
+    off = make_engine(tiny_llama, "off")
+
+    def next_probs(context):   # the processed next-token distribution: the top k of the raw logprobs, at T
+        out = off.generate([context], SamplingParams(max_tokens=1, temperature=0, logprobs=20), use_tqdm=False)[0]
+        top = out["logprobs"][0][1][:top_k]
+        w = np.exp(np.array([lp for _, lp in top]) / temperature)
+        return [t for t, _ in top], w / w.sum()
+
+    # a prompt ending in `t`, that began with (t, v) followed by a token the model gives no probability there
+    t = base[-1]
+    candidates = next_probs(base)[0]   # tried in turn, with what each prompt made likely (the model is random)
+    for v in candidates[:16]:
+        rare = next(x for x in range(1000, 2000) if x not in candidates)
+        prompt = [t, v, rare, rare + 1] + base
+        first, p_first = next_probs(prompt)
+        if v in first and p_first[first.index(v)] > 0.15:
+            break
+        candidates += [x for x in first if x not in candidates]
+    else:
+        pytest.fail("no first token likely enough for this random model")
+    seeds = range(4000)
+    sampled = SamplingParams(max_tokens=1, temperature=temperature, top_k=top_k, ignore_eos=True)
+    outs = off.generate([prompt] * len(seeds), [replace(sampled, seed=s) for s in seeds], use_tqdm=False)
+    seeds = [s for s, o in zip(seeds, outs) if o["token_ids"] == [v]][:800]   # the first token is v for these
+    engine = make_engine(tiny_llama, "ngram", kv_cache_tokens=1 << 16)
+    two = engine.generate([prompt] * len(seeds), [replace(sampled, seed=s, max_tokens=3) for s in seeds],
+                          use_tqdm=False)
+    assert all(o["token_ids"][0] == v for o in two)
+    assert engine.stats()["spec_proposed"] >= len(seeds)   # every second token was drawn against a proposal
+    support, p = next_probs(prompt + [v])
+    counts = np.array([sum(o["token_ids"][1] == x for o in two) for x in support])
+    assert counts.sum() == len(seeds)                       # never the proposal (outside the top k)
+    assert chi_square_p(counts, p) > ALPHA
+
+
+def test_auto_speculates_only_in_small_batches(tiny_llama, prompts):
+    engine = make_engine(tiny_llama, "auto")
+    engine.generate([prompts[0]] * (AUTO_MAX_BATCH + 1), SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+                    use_tqdm=False)
+    assert engine.stats()["spec_proposed"] == 0   # every decode step ran more than AUTO_MAX_BATCH sequences
+    engine.generate(prompts[:1], GREEDY, use_tqdm=False)
+    assert engine.stats()["spec_accepted"] > 0    # one sequence: it speculates
+
+
+def test_auto_pauses_a_sequence_whose_guesses_fail_longer_each_time_and_never_runs_past_its_limits():
+    spec = Speculator("auto", 4, block_size=4)
+    seq = Sequence("a", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=50))
+    seq.status, seq.block_table = SequenceStatus.RUNNING, [0, 1]
+    assert spec.plan([seq], 1000, free_blocks=8) == {0: [3, 1, 2]}   # what followed (1, 2) last time
+    pauses = []
+    for _ in range(4):
+        spec.record(seq, 3, 0)                    # nothing kept
+        skipped = 0
+        while not spec.plan([seq], 1000, free_blocks=8):
+            skipped += 1
+        pauses.append(skipped)
+    assert pauses == [1, 2, 4, 8]
+    spec.record(seq, 3, 2)                        # a kept guess: the next failure pauses it for one step again
+    spec.record(seq, 3, 0)
+    assert seq.speculation.pause == 1
+    assert spec.stats() == {"spec_proposed": 18, "spec_accepted": 2, "spec_steps": 0}
+    ngram = Speculator("ngram", 4, block_size=4)
+    seq.speculation = None
+    assert ngram.plan([seq], 1000, free_blocks=0) == {}         # its rows need a block past its two: none free
+    assert ngram.plan([seq], 10, free_blocks=8) == {0: [3]}     # the context ends at 10 tokens
+    seq.params = SamplingParams(max_tokens=1)
+    assert ngram.plan([seq], 1000, free_blocks=8) == {}         # max_tokens: no room past the next token
+    many = [seq] * (AUTO_MAX_BATCH + 1)
+    assert Speculator("auto", 4, 4).plan(many, 1000, 64) == {} and Speculator("off", 4, 4).enabled is False
+
+
+def test_speculative_settings_are_checked():
+    from rosefast.config import EngineConfig
+
+    with pytest.raises(ValueError, match="speculative must be one of auto, off, ngram"):
+        EngineConfig(speculative="eagle")
+    with pytest.raises(ValueError, match="speculative_tokens"):
+        EngineConfig(speculative_tokens=-1)
+
+
+def test_proposals_are_cut_where_the_grammar_forbids_them(tiny_llama, tok):
+    engine = make_engine(tiny_llama, "ngram")
+    seven, eight, x = (tok(c).input_ids[0] for c in ("7", "8", "x"))
+    params = SamplingParams(max_tokens=20, grammar=engine.grammars.compile("regex", "[0-9]+"))
+    seq = Sequence("g", [x, eight, seven, x, x, eight], params)
+    seq.status, seq.block_table = SequenceStatus.RUNNING, [0, 1]
+    assert engine.speculator.plan([seq], 1000, free_blocks=8) == {0: [seven]}   # not the x after it
+    seq = Sequence("h", [seven, eight, x, seven, seven, eight], params)
+    seq.status, seq.block_table = SequenceStatus.RUNNING, [0, 1]
+    assert engine.speculator.plan([seq], 1000, free_blocks=8) == {}             # x first: nothing to propose
+
+
+def test_stop_strings_logprobs_and_usage_through_the_serving_layer_equal_decoding_without(tiny_llama):
+    from rosefast.manager import SchedulerManager
+
+    def run(mode, **kw):
+        m = SchedulerManager(model=tiny_llama, dtype="float32", kv_cache_tokens=8192, block_size=8, speculative=mode)
+        try:
+            ids, text, reason, lps = [], [], None, []
+            for chunk in m.stream(m.add_request(prompt_token_ids=list(range(200, 230)) * 3, max_tokens=40,
+                                                temperature=0, ignore_eos=True, logprobs=1, **kw)):
+                ids += chunk.token_ids
+                text.append(chunk.text)
+                lps += [lp for lp, _ in chunk.logprobs or ()]
+                reason = chunk.finish_reason
+            return ids, "".join(text), reason, lps, m.engine_stats()
+        finally:
+            m.close()
+
+    ids, full, _, _, _ = run("off")
+    assert run("ngram")[:3] == (ids, full, "length")
+    # a stop string that first ends at a token a speculative step gave with more after it
+    engine = make_engine(tiny_llama, "ngram", block_size=8)
+    engine.add_request(list(range(200, 230)) * 3, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
+    inner = []   # the token counts, after the first, where a step's tokens go on
+    while engine.has_unfinished():
+        for out in engine.step().outputs:
+            inner += range(len(inner) + 1, len(inner) + len(out.new_token_ids))
+            inner.append(None)
+    tok = load_tokenizer(tiny_llama)
+    ends = [len(tok.decode(ids[:j])) for j in inner if j]
+    stop = next(full[e - n:e] for e in ends for n in range(3, e + 1) if full.index(full[e - n:e]) == e - n)
+    for stop in (stop, full[len(full) // 3:len(full) // 3 + 3]):
+        want = run("off", stop=[stop])
+        got = run("ngram", stop=[stop])
+        assert got[:3] == want[:3] and got[2] == "stop" and got[1] == full[:full.index(stop)]
+        assert np.allclose(got[3], want[3], atol=1e-4) and len(got[3]) == len(got[0])
+        assert got[4]["spec_accepted"] > 0
