@@ -30,6 +30,11 @@ ENGINE_LIVE = (
     (CounterMetricFamily, "rosefast_engine_steps", "engine steps run", "steps"),
     (GaugeMetricFamily, "rosefast_running_requests", "sequences in the engine", "running"),
     (GaugeMetricFamily, "rosefast_waiting_requests", "sequences waiting for admission to the engine", "waiting"),
+    (CounterMetricFamily, "rosefast_spec_proposed_tokens", "speculative decoding: tokens proposed", "spec_proposed"),
+    (CounterMetricFamily, "rosefast_spec_accepted_tokens", "speculative decoding: proposed tokens the model kept",
+     "spec_accepted"),
+    (CounterMetricFamily, "rosefast_spec_steps", "speculative decoding: decode steps that verified proposals",
+     "spec_steps"),
 )
 
 GRAMMAR_POOL = (
@@ -82,6 +87,10 @@ class _LiveState:
         if stats is not None:
             for family, name, doc, key in ENGINE_LIVE:
                 yield family(name, doc, value=stats[key])
+            proposed = stats["spec_proposed"]
+            yield GaugeMetricFamily("rosefast_spec_acceptance_rate", "speculative decoding: accepted / proposed "
+                                    "tokens so far (0 before any proposal)",
+                                    value=stats["spec_accepted"] / proposed if proposed else 0.0)
 
 
 class Metrics:

@@ -61,6 +61,7 @@ def test_in_process_run_prints_every_line_json_and_png(tiny_llama, tmp_path, cap
     for line in REPORT_LINES + INPROCESS_LINES:
         assert line in text, line
     assert f["completed"] == 12 and f["completion_tokens"] == 72
+    assert "Engine steps: " in text and f["engine"]["tokens_per_step"] == 72 / f["engine"]["steps"]
     data = json.loads(out_json.read_text())
     assert data["figures"]["completion_tokens"] == 72 and data["settings"]["num_requests"] == 12
     assert len(data["samples"]) == 12
@@ -103,6 +104,7 @@ def test_url_mode_against_gunicorn(tiny_llama, capsys):
         assert line not in text   # only the server knows those
     assert f["rejected"] >= 1 and f["errors"] == 0
     assert f["completed"] + f["rejected"] == 10
+    assert "Engine steps: " in text and f["engine"]["steps"] > 0   # read from the server's /metrics
 
 
 def test_url_mode_with_the_lean_client_against_the_stand_in(default_model, capsys):

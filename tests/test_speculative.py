@@ -265,3 +265,31 @@ def test_stop_strings_logprobs_and_usage_through_the_serving_layer_equal_decodin
         assert got[:3] == want[:3] and got[2] == "stop" and got[1] == full[:full.index(stop)]
         assert np.allclose(got[3], want[3], atol=1e-4) and len(got[3]) == len(got[0])
         assert got[4]["spec_accepted"] > 0
+
+
+def test_over_http_the_default_server_speculates_and_gives_the_tokens_it_gives_without(tiny_llama):
+    import openai
+
+    from tests.serving import Server, tiny_env
+
+    from rosefast.manager import SchedulerManager
+
+    prompt = list(range(200, 230)) * 3
+    off = SchedulerManager(model=tiny_llama, dtype="float32", kv_cache_tokens=4096, speculative="off")
+    try:
+        want = "".join(off.stream_text(off.add_request(prompt_token_ids=prompt, max_tokens=40, temperature=0,
+                                                       ignore_eos=True)))
+    finally:
+        off.close()
+    server = Server(tiny_env(tiny_llama))   # speculative: auto, the default
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        got = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert got.choices[0].text == want and got.usage.completion_tokens == 40
+        accepted, proposed = server.metric("rosefast_spec_accepted_tokens_total"), \
+            server.metric("rosefast_spec_proposed_tokens_total")
+        assert 0 < accepted <= proposed and server.metric("rosefast_spec_steps_total") > 0
+        assert server.metric("rosefast_spec_acceptance_rate") == pytest.approx(accepted / proposed)
+    finally:
+        server.stop()

@@ -2,7 +2,8 @@
 from rosefast.bench.stats import fmt, summary
 
 
-def figures(samples, args, http):
+def figures(samples, args, http, engine=None):
+    """engine: what the run added to the engine's counters (steps, spec_proposed, spec_accepted), when known."""
     ok = [s for s in samples if not s.rejected and s.error is None and s.first_recv is not None]
     rejected = [s for s in samples if s.rejected]
     calls = [s.t_call for s in samples]
@@ -37,6 +38,10 @@ def figures(samples, args, http):
         span = max(s.last_recv for s in ok) - min(s.t_call for s in samples)
         out["throughput_completion_tok_s"] = out["completion_tokens"] / span
         out["throughput_total_tok_s"] = (out["completion_tokens"] + out["prompt_tokens"]) / span
+    if engine is not None and engine["steps"]:
+        out["engine"] = dict(engine, tokens_per_step=out["completion_tokens"] / engine["steps"],
+                             acceptance=engine["spec_accepted"] / engine["spec_proposed"]
+                             if engine["spec_proposed"] else None)
     return out
 
 
@@ -75,6 +80,11 @@ def print_report(f, args, http, model_name, device):
     if f["events_per_token"] is not None:
         p(f"{'SSE events' if http else 'Chunks'} per token: {f['events_per_token']:.3f} "
           f"({f['events']} for {f['completion_tokens']} tokens; below 1: merged deliveries to lagging readers)")
+    if "engine" in f:
+        e = f["engine"]
+        p(f"Engine steps: {e['steps']:.0f}, {e['tokens_per_step']:.2f} completion tokens per step (prefill steps "
+          f"counted); speculation: {e['spec_proposed']:.0f} tokens proposed, {e['spec_accepted']:.0f} kept"
+          + (f" ({e['acceptance']:.0%})" if e["acceptance"] is not None else ""))
     if "throughput_completion_tok_s" in f:
         p(f"Throughput: completion {f['throughput_completion_tok_s']:.1f} tok/s, "
           f"total {f['throughput_total_tok_s']:.1f} tok/s")

@@ -50,6 +50,9 @@ def build_parser():
     a("--temperature", type=float, default=0.0, help="0 (default): greedy")
     a("--top-p", type=float, default=1.0)
     a("--no-prefix-cache", action="store_true")
+    a("--speculative", choices=("auto", "off", "ngram"), default="auto",
+      help="in-process: speculative decoding by prompt lookup (auto: where it pays)")
+    a("--speculative-tokens", type=int, default=4, help="in-process: the most tokens a sequence proposes per step")
     a("--no-cuda-graph", action="store_true")
     a("--nvtx", action="store_true", help="NVTX ranges around engine steps (CUDA; a no-op on CPU)")
     a("--warmup-runs", type=int, default=1)
@@ -110,19 +113,42 @@ def make_manager(args):
         max_inflight_requests=args.max_inflight_requests or None, tokenize_workers=args.tokenize_workers,
         record_token_timestamps=True, enable_prefix_cache=not args.no_prefix_cache,
         cuda_graph=not args.no_cuda_graph, kv_cache_tokens=args.kv_cache_tokens, seed=args.seed,
-        stand_in_step_ms=args.stand_in_step_ms, before_step=before_step)
+        stand_in_step_ms=args.stand_in_step_ms, before_step=before_step, speculative=args.speculative,
+        speculative_tokens=args.speculative_tokens)
 
 
-def measure(args, prompts, run):
-    """Warm-up runs on a few prompts, then --repeat-runs measured runs; `run(prompts, progress)` -> samples."""
+ENGINE_COUNTERS = {"steps": "rosefast_engine_steps_total", "spec_proposed": "rosefast_spec_proposed_tokens_total",
+                   "spec_accepted": "rosefast_spec_accepted_tokens_total"}
+
+
+def scrape_counters(url):
+    """The engine's counters from a rosefast server's /metrics (None from a server that has none)."""
+    import re
+
+    import httpx
+
+    try:
+        text = httpx.get(url.rstrip("/") + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    found = {key: re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M) for key, name in ENGINE_COUNTERS.items()}
+    return {key: float(m.group(1)) for key, m in found.items() if m} if all(found.values()) else None
+
+
+def measure(args, prompts, run, counters=lambda: None):
+    """Warm-up runs on a few prompts, then --repeat-runs measured runs; `run(prompts, progress)` -> samples.
+    `counters()`: the engine's step and speculation counters, read before and after the measured runs (None
+    where they cannot be read); returns (samples, what the measured runs added to them, or None)."""
     for _ in range(args.warmup_runs):
         run(prompts[:min(4, len(prompts))], None)
     progress = _progress(args, len(prompts) * args.repeat_runs)
-    samples = []
+    samples, before = [], counters()
     for _ in range(args.repeat_runs):
         samples += run(prompts, progress)
     progress.close()
-    return samples
+    after = counters()
+    engine = None if before is None or after is None else {k: after[k] - before[k] for k in ENGINE_COUNTERS}
+    return samples, engine
 
 
 def main(argv=None):
@@ -144,18 +170,19 @@ def main(argv=None):
             names.append(name)
             return samples
 
-        samples = measure(args, make_prompts(args, tokenizer), run)
+        samples, engine = measure(args, make_prompts(args, tokenizer), run, lambda: scrape_counters(args.url))
         model_name, device = names[-1], "remote"
     else:
         manager = make_manager(args)
         try:
-            samples = measure(args, make_prompts(args, manager.tokenizer),
-                              lambda prompts, progress: run_inprocess(manager, args, prompts, progress))
+            samples, engine = measure(args, make_prompts(args, manager.tokenizer),
+                                      lambda prompts, progress: run_inprocess(manager, args, prompts, progress),
+                                      manager.engine_stats)
             model_name = manager.model.name
             device = f"{manager.engine.runner.device} ({str(manager.engine.runner.dtype).removeprefix('torch.')})"
         finally:
             manager.close()
-    f = figures(samples, args, http)
+    f = figures(samples, args, http, engine)
     print_report(f, args, http, model_name, device)
     if args.output_json:
         with open(args.output_json, "w", encoding="utf-8") as fh:

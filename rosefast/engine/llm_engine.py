@@ -77,7 +77,9 @@ class LLMEngine:
                                 # a token, its sampling or commit raised)
         self._forked = []       # the choices forked in this step (they fail with it if it fails)
         self._long_rope = long_rope_switch(self.args)   # a long-RoPE model's switch (None: another model)
-        self.speculator = Speculator(self.config.speculative, self.config.speculative_tokens, self.config.block_size)
+        # (the stand-in gives one token a step, as its sizing promises: it never speculates)
+        self.speculator = Speculator("off" if self.model.source == STAND_IN else self.config.speculative,
+                                     self.config.speculative_tokens, self.config.block_size)
         self.steps = 0
 
     @property
