@@ -28,6 +28,7 @@ class Sample:
     first_recv: float = None    # client side: first chunk with tokens / text
     last_recv: float = None
     event_times: list = field(default_factory=list)
+    texts: list = field(default_factory=list)   # --url: the text of each event, in order
 
     def received(self, now):
         """A chunk with tokens (in-process) or an SSE event with text (--url) arrived at `now` (one event:
@@ -149,6 +150,7 @@ def _take_event(s, event):
         text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
         if text:
             s.received(time.perf_counter())
+            s.texts.append(text)
 
 
 async def _http_one(client, args, model, prompt, s, progress):
@@ -243,15 +245,18 @@ def run_http(args, prompts, progress=None):
     return samples, holder["model"]
 
 
-def burst_figures(url, prompts, tokens, chat=False, temperature=0.0, extra_body=None):
+def burst_figures(url, prompts, tokens, chat=False, temperature=0.0, extra_body=None, ignore_eos=True, samples=None):
     """The report's figures for `prompts` sent at once to an OpenAI server over the lean SSE client, greedy
-    (or at `temperature`), `tokens` each (ignore_eos): what the side-by-side benchmarks compare."""
+    (or at `temperature`), `tokens` each (ignore_eos, or up to EOS): what the side-by-side benchmarks compare.
+    `samples`: a list that gets the run's samples (their texts, for comparing outputs)."""
     from types import SimpleNamespace
 
     from rosefast.bench.report import figures
 
     args = SimpleNamespace(url=url, client="raw", chat=chat, max_new_tokens=tokens, temperature=temperature, top_p=1.0,
-                           no_stop_on_eos=True, submit_interval_ms=0.0, submit_schedule="absolute", burstiness=1.0,
-                           seed=0, pretok=False, extra_body=extra_body)
-    samples, _ = run_http(args, prompts)
-    return figures(samples, args, True)
+                           no_stop_on_eos=ignore_eos, submit_interval_ms=0.0, submit_schedule="absolute",
+                           burstiness=1.0, seed=0, pretok=False, extra_body=extra_body)
+    run, _ = run_http(args, prompts)
+    if samples is not None:
+        samples += run
+    return figures(run, args, True)
