@@ -37,7 +37,7 @@ class EngineConfig:
     speculative: str = "auto"          # speculative decoding by prompt lookup (rosefast.engine.speculation): auto
                                        # (where it pays: small batches, sequences whose guesses are kept), ngram
                                        # (wherever a guess is found), off
-    speculative_tokens: int = 4        # the most tokens a sequence proposes per step
+    speculative_tokens: int = 8        # the most tokens a sequence proposes per step
 
     def __post_init__(self):
         for name in ("block_size", "max_batch_size", "prefill_max_batch_size", "max_num_batched_tokens"):

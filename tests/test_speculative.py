@@ -8,7 +8,7 @@ import pytest
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
 from rosefast.engine.sequence import Sequence, SequenceStatus
-from rosefast.engine.speculation import AUTO_MAX_BATCH, NgramIndex, Speculator
+from rosefast.engine.speculation import PRIOR_ROW_SHARE, NgramIndex, StepCost, Speculator
 from rosefast.models import load_tokenizer
 from tests.test_sampler import ALPHA, chi_square_p
 
@@ -172,20 +172,44 @@ def test_the_sampled_next_token_follows_the_target_distribution_when_a_proposal_
     assert chi_square_p(counts, p) > ALPHA
 
 
-def test_auto_speculates_only_in_small_batches(tiny_llama, prompts):
+def steep(cost):
+    """Steps whose every row costs what the weights' read does (t_row / t0 = 1): rows are not nearly free."""
+    for rows in (1, 4, 8, 2) * 10:
+        cost.observe(rows, 0.005 * (1 + rows))
+    return cost
+
+
+def test_the_step_cost_fit_reads_the_row_share_of_the_engines_steps():
+    cost = StepCost()
+    assert cost.row_share() == PRIOR_ROW_SHARE          # nothing seen
+    for _ in range(20):
+        cost.observe(3, 0.016)
+    assert cost.row_share() == PRIOR_ROW_SHARE          # one row count: no slope to read
+    for rows in (1, 2, 5, 8) * 20:
+        cost.observe(rows, 0.010 + 0.002 * rows)
+    assert cost.row_share() == pytest.approx(0.2, rel=0.05)
+    assert steep(StepCost()).row_share() == pytest.approx(1.0, rel=0.05)
+
+
+def test_auto_speculates_only_where_it_pays(tiny_llama, prompts):
     engine = make_engine(tiny_llama, "auto")
-    engine.generate([prompts[0]] * (AUTO_MAX_BATCH + 1), SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
-                    use_tqdm=False)
-    assert engine.stats()["spec_proposed"] == 0   # every decode step ran more than AUTO_MAX_BATCH sequences
+    steep(engine.speculator.cost)
+    engine.generate([prompts[0]] * 9, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert engine.stats()["spec_proposed"] == 0   # 9 rows a step, each as dear as the weights' read: nothing pays
+    engine.speculator.cost = StepCost()
     engine.generate(prompts[:1], GREEDY, use_tqdm=False)
-    assert engine.stats()["spec_accepted"] > 0    # one sequence: it speculates
+    assert engine.stats()["spec_accepted"] > 0    # one sequence, rows at the prior's share: it speculates
 
 
-def test_auto_pauses_a_sequence_whose_guesses_fail_longer_each_time_and_never_runs_past_its_limits():
-    spec = Speculator("auto", 4, block_size=4)
-    seq = Sequence("a", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=50))
-    seq.status, seq.block_table = SequenceStatus.RUNNING, [0, 1]
-    assert spec.plan([seq], 1000, free_blocks=8) == {0: [3, 1, 2]}   # what followed (1, 2) last time
+def test_auto_sizes_a_proposal_by_the_sequences_acceptance_and_pauses_one_that_fails():
+    spec = Speculator("auto", 8, block_size=4)
+    seq = Sequence("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4], SamplingParams(max_tokens=50))
+    seq.status, seq.block_table = SequenceStatus.RUNNING, [0, 1, 2, 3]
+    # at the prior (0.6) and one stream (threshold 0.2): 3 tokens; a 4-token match would reach 8
+    assert spec.plan([seq], 1000, free_blocks=8) == {0: [5, 6, 7]}
+    for _ in range(6):
+        spec.record(seq, 3, 3)                    # all kept, again and again: the proposals grow to 8
+    assert seq.speculation.acceptance > 0.9 and spec.plan([seq], 1000, free_blocks=8) == {0: [5, 6, 7, 8, 9, 1, 2, 3]}
     pauses = []
     for _ in range(4):
         spec.record(seq, 3, 0)                    # nothing kept
@@ -194,18 +218,29 @@ def test_auto_pauses_a_sequence_whose_guesses_fail_longer_each_time_and_never_ru
             skipped += 1
         pauses.append(skipped)
     assert pauses == [1, 2, 4, 8]
+    assert len(spec.plan([seq], 1000, free_blocks=8)[0]) < 8   # and its proposals shrank with its acceptance
     spec.record(seq, 3, 2)                        # a kept guess: the next failure pauses it for one step again
     spec.record(seq, 3, 0)
     assert seq.speculation.pause == 1
-    assert spec.stats() == {"spec_proposed": 18, "spec_accepted": 2, "spec_steps": 0}
+    assert spec.stats() == {"spec_proposed": 36, "spec_accepted": 20, "spec_steps": 0}
+    for _ in range(12):
+        seq.speculation.verified(4, 0)            # acceptance far below the threshold: one token, to probe
+    seq.speculation.pause = 0
+    assert spec.plan([seq], 1000, free_blocks=8) == {0: [5]}
+    spec.cost = steep(StepCost())                 # 4 streams with rows as dear as the weights: threshold 0.8
+    assert spec.plan([seq] * 4, 1000, free_blocks=8) == {}   # no probe where a fresh sequence would not propose
+
+
+def test_proposals_never_run_past_the_blocks_the_context_or_max_tokens():
+    seq = Sequence("a", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=50))
+    seq.status, seq.block_table = SequenceStatus.RUNNING, [0, 1]
     ngram = Speculator("ngram", 4, block_size=4)
-    seq.speculation = None
+    assert ngram.plan([seq], 1000, free_blocks=8) == {0: [3, 1, 2]}   # what followed (2, 3, 1, 2) last time
     assert ngram.plan([seq], 1000, free_blocks=0) == {}         # its rows need a block past its two: none free
     assert ngram.plan([seq], 10, free_blocks=8) == {0: [3]}     # the context ends at 10 tokens
     seq.params = SamplingParams(max_tokens=1)
     assert ngram.plan([seq], 1000, free_blocks=8) == {}         # max_tokens: no room past the next token
-    many = [seq] * (AUTO_MAX_BATCH + 1)
-    assert Speculator("auto", 4, 4).plan(many, 1000, 64) == {} and Speculator("off", 4, 4).enabled is False
+    assert Speculator("off", 4, 4).enabled is False
 
 
 def test_speculative_settings_are_checked():

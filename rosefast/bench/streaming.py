@@ -52,7 +52,7 @@ def build_parser():
     a("--no-prefix-cache", action="store_true")
     a("--speculative", choices=("auto", "off", "ngram"), default="auto",
       help="in-process: speculative decoding by prompt lookup (auto: where it pays)")
-    a("--speculative-tokens", type=int, default=4, help="in-process: the most tokens a sequence proposes per step")
+    a("--speculative-tokens", type=int, default=8, help="in-process: the most tokens a sequence proposes per step")
     a("--no-cuda-graph", action="store_true")
     a("--nvtx", action="store_true", help="NVTX ranges around engine steps (CUDA; a no-op on CPU)")
     a("--warmup-runs", type=int, default=1)

@@ -1,7 +1,8 @@
 """LLMEngine: the engine the serving layer drives, one `step()` at a time; `generate()` for offline use."""
 import itertools
-import random
 import logging
+import random
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -204,11 +205,17 @@ class LLMEngine:
             return StepResult([], failed, e)
 
     def _run(self, step):
-        """Forward, sample, commit: the outputs of the sequences that sampled a token."""
-        if not step.is_prefill and self.speculator.enabled:
+        """The step's outputs: a decode step may verify proposals (speculation), else a plain step."""
+        if not step.is_prefill and self.speculator.enabled:   # a decode step: timed, for the speculator's cost fit
+            start = time.perf_counter()
             plan = self.speculator.plan(step.seqs, self.max_model_len, self.block_manager.num_free_blocks)
-            if plan:
-                return self._run_speculative(step, plan)
+            outputs = self._run_speculative(step, plan) if plan else self._run_step(step)
+            self.speculator.cost.observe(len(step.seqs) + sum(map(len, plan.values())), time.perf_counter() - start)
+            return outputs
+        return self._run_step(step)
+
+    def _run_step(self, step):
+        """Forward, sample, commit: the outputs of the sequences that sampled a token."""
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table,
                            seq.cache_salt is LONG_ROPE) for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \

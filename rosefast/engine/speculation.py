@@ -15,19 +15,31 @@ processed distribution with the same (seed, position) uniform: a proposal is kep
 it. For a proposal that is one token x (a deterministic proposer) that is the standard acceptance rule: x is
 kept with probability p(x), and on rejection the draw is from p with x removed, renormalized.
 
-When it is used (`speculative`): `ngram` proposes wherever a match is found (tests, measurements); `auto`
-only where it pays: a step whose running batch is at most `AUTO_MAX_BATCH` (past that the step's linears are
-no longer bound by reading the weights, and the extra rows cost nearly what they bring), and a sequence
-whose recent proposals were kept often enough (its proposals stop for a while after each step that kept
-none, the pause doubling while they keep failing). The proposer (`NgramIndex`) is one small class: a draft
-model would be another proposer behind the same plan / record calls.
+When it is used (`speculative`): `ngram` proposes up to `speculative_tokens` wherever a match is found (tests,
+measurements); `auto` only what pays. A decode step costs about t0 + rows x t_row (the weights read once, then
+each row's compute), a fit the engine keeps of its own steps (StepCost); a sequence's proposed token j is kept with
+probability about a^j, a its recent acceptance (per proposed token, given the ones before it were kept). Adding
+that row pays while a^j > B r / (1 + B r), r = t_row / t0 and B the running batch: at one stream a cheap row is
+worth even a likely miss, at 32 streams (where the rows are no longer nearly free) almost nothing is, and a step
+whose threshold reaches 0.95 proposes nothing. A sequence whose acceptance fell below the threshold still probes
+with one token where a fresh sequence would propose (its pauses, below, bound what that costs), and not where
+the batch is so large that only near-certain guesses pay. A proposal is also no longer than twice its match's length (a long
+match predicts further). A sequence whose proposal kept nothing pauses for a step, the pause doubling while
+its proposals keep failing. The proposer (`NgramIndex`) is one small class: a draft model would be another
+proposer behind the same plan / record calls.
 """
+import math
+
 from rosefast.engine.sequence import SequenceStatus
 
 NGRAM_MAX = 4          # the longest suffix looked up
-NGRAM_MIN = 2          # the shortest: a single token repeats too often to predict what follows
-AUTO_MAX_BATCH = 8     # auto: steps with more running sequences do not speculate (README: the measurements)
+NGRAM_MIN = 1          # the shortest (a one-token match proposes at most 2 tokens: MATCH_REACH)
+MATCH_REACH = 2        # a proposal is at most this many tokens per token of the match it follows
 BACKOFF_MAX = 64       # auto: the longest pause (in steps) of a sequence whose proposals keep failing
+PRIOR_ACCEPT = 0.6     # auto: a sequence's acceptance before it has verified anything (worth 2 tokens of evidence)
+ACCEPT_DECAY = 0.8     # auto: the weight its past keeps at each verification (its acceptance follows its text)
+PRIOR_ROW_SHARE = 0.25  # auto: t_row / t0 until the engine has measured its own steps (a 2-core AVX-512 VNNI CPU:
+                        # 0.2-0.35 on SmolLM2-135M int4, README)
 
 
 class NgramIndex:
@@ -41,28 +53,67 @@ class NgramIndex:
         self.indexed = 0     # positions < indexed have their n-grams in `latest`
 
     def propose(self, tokens, k):
-        """Up to k tokens that followed the latest earlier occurrence of the longest suffix found; [] if none."""
+        """Up to k tokens (and MATCH_REACH per token of the match) that followed the latest earlier occurrence of
+        the longest suffix found; [] if none."""
         latest, end = self.latest, len(tokens) - 1
         for p in range(self.indexed, end):   # every position before the last token
             for n in range(NGRAM_MIN, min(NGRAM_MAX, p + 1) + 1):
-                latest[tuple(tokens[p - n + 1:p + 1])] = p
+                latest[tokens[p] if n == 1 else tuple(tokens[p - n + 1:p + 1])] = p
         self.indexed = max(self.indexed, end)
         for n in range(min(NGRAM_MAX, len(tokens)), NGRAM_MIN - 1, -1):
-            p = latest.get(tuple(tokens[-n:]))
+            p = latest.get(tokens[-1] if n == 1 else tuple(tokens[-n:]))
             if p is not None:
-                return tokens[p + 1:p + 1 + k]
+                return tokens[p + 1:p + 1 + min(k, MATCH_REACH * n)]
         return []
 
 
 class SeqSpeculation:
     """One sequence's speculation state: its index and how its proposals fared (Sequence.speculation)."""
-    __slots__ = ("index", "pause", "backoff", "proposed", "accepted")
+    __slots__ = ("index", "pause", "backoff", "proposed", "accepted", "kept", "tried")
 
     def __init__(self):
         self.index = NgramIndex()
         self.pause = 0       # auto: steps to go before it proposes again
         self.backoff = 1     # auto: the next pause after a step that kept nothing
         self.proposed = self.accepted = 0
+        self.kept, self.tried = 2 * PRIOR_ACCEPT, 2.0   # decayed counts: tokens kept / tokens tried (a miss ends a try)
+
+    @property
+    def acceptance(self):
+        """The chance its next proposed token is kept, given the ones before it were."""
+        return self.kept / self.tried
+
+    def verified(self, proposed, accepted):
+        self.proposed += proposed
+        self.accepted += accepted
+        self.kept = ACCEPT_DECAY * self.kept + accepted
+        self.tried = ACCEPT_DECAY * self.tried + accepted + (accepted < proposed)
+
+
+class StepCost:
+    """A decode step's seconds as t0 + rows x t_row, fitted to the engine's own steps (least squares, each step's
+    weight decaying as newer ones come); `row_share` = t_row / t0, PRIOR_ROW_SHARE until the steps seen had rows
+    of different counts."""
+
+    def __init__(self, decay=0.98):
+        self.decay = decay
+        self.w = self.r = self.rr = self.t = self.rt = 0.0
+
+    def observe(self, rows, seconds):
+        d = self.decay
+        self.w, self.r, self.rr = d * self.w + 1, d * self.r + rows, d * self.rr + rows * rows
+        self.t, self.rt = d * self.t + seconds, d * self.rt + rows * seconds
+
+    def row_share(self):
+        w = self.w
+        var = self.rr / w - (self.r / w) ** 2 if w else 0.0
+        if var < 0.25:   # the rows hardly varied: no slope to read
+            return PRIOR_ROW_SHARE
+        slope = (self.rt / w - self.r / w * self.t / w) / var
+        t0 = self.t / w - slope * self.r / w
+        if t0 <= 0:
+            return 1.0
+        return min(max(slope / t0, 0.01), 1.0)
 
 
 class Speculator:
@@ -72,6 +123,7 @@ class Speculator:
         """mode: EngineConfig.speculative (checked there); max_tokens: its speculative_tokens."""
         self.mode, self.max_tokens, self.block_size = mode, max_tokens, block_size
         self.proposed = self.accepted = self.steps = 0   # tokens proposed, kept; steps that verified some
+        self.cost = StepCost()   # the engine's decode steps (LLMEngine._run)
 
     @property
     def enabled(self):
@@ -81,18 +133,30 @@ class Speculator:
         """{i: proposal} for the decode step's sequences `seqs` (those that propose). A proposal never runs a
         sequence past its max_tokens or the context, nor forbids what its grammar does, and takes at most
         `free_blocks` new KV blocks in all (the step's own blocks are already given)."""
-        if self.mode == "auto" and len(seqs) > AUTO_MAX_BATCH:
-            return {}
+        auto = self.mode == "auto"
+        if auto:
+            share = len(seqs) * self.cost.row_share()
+            threshold = share / (1 + share)   # a proposed row pays while its chance to be kept is above this
+            if threshold >= 0.95:
+                return {}
         plan, bs = {}, self.block_size
         for i, seq in enumerate(seqs):
             spec = seq.speculation
             if spec is None:
                 spec = seq.speculation = SeqSpeculation()
-            if self.mode == "auto" and spec.pause:
-                spec.pause -= 1
-                continue
+            k = self.max_tokens
+            if auto:
+                if spec.pause:
+                    spec.pause -= 1
+                    continue
+                a = spec.acceptance   # the longest proposal whose last token is kept with a chance above threshold
+                k = min(k, int(math.log(threshold) / math.log(a)) if 0 < a < 1 else (k if a else 0))
+                if k < 1:   # a token not worth its row: still probe, where a fresh sequence's would be
+                    if PRIOR_ACCEPT <= threshold:
+                        continue
+                    k = 1
             n = seq.num_tokens
-            room = min(self.max_tokens, seq.params.max_tokens - seq.num_output_tokens - 1, max_model_len - n - 1)
+            room = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_model_len - n - 1)
             if room <= 0:
                 continue
             proposal = spec.index.propose(seq.token_ids, room)
@@ -116,8 +180,7 @@ class Speculator:
         self.proposed += proposed
         self.accepted += accepted
         spec = seq.speculation
-        spec.proposed += proposed
-        spec.accepted += accepted
+        spec.verified(proposed, accepted)
         if accepted:
             spec.backoff = 1
         elif seq.status is SequenceStatus.RUNNING:
