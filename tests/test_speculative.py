@@ -75,11 +75,12 @@ def test_the_index_proposes_what_followed_the_latest_longest_match():
     assert grown.propose(seq, 2) == [1, 2]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_greedy_tokens_equal_decoding_without_speculation(tiny_llama, prompts, dtype):
-    want = [make_engine(tiny_llama, "off", dtype=dtype).generate([p], GREEDY, use_tqdm=False)[0]["token_ids"]
-            for p in prompts]
-    engine = make_engine(tiny_llama, "ngram", dtype=dtype)
+@pytest.mark.parametrize("dtype,quantization", [("float32", "none"), ("bfloat16", "none"), ("float32", "int4")])
+def test_greedy_tokens_equal_decoding_without_speculation(tiny_llama, prompts, dtype, quantization):
+    """Batch 1: the proposals' rows beside the sequence's own (on the block kernels too, with int4)."""
+    want = [make_engine(tiny_llama, "off", dtype=dtype, quantization=quantization)
+            .generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in prompts]
+    engine = make_engine(tiny_llama, "ngram", dtype=dtype, quantization=quantization)
     got = [drive(engine, {0: [p]}, GREEDY, check=blocks_exact)[0] for p in prompts]   # batch 1
     assert got == want
     stats = engine.stats()
@@ -205,8 +206,8 @@ def test_auto_sizes_a_proposal_by_the_sequences_acceptance_and_pauses_one_that_f
     spec = Speculator("auto", 8, block_size=4)
     seq = Sequence("a", [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3, 4], SamplingParams(max_tokens=50))
     seq.status, seq.block_table = SequenceStatus.RUNNING, [0, 1, 2, 3]
-    # at the prior (0.6) and one stream (threshold 0.2): 3 tokens; a 4-token match would reach 8
-    assert spec.plan([seq], 1000, free_blocks=8) == {0: [5, 6, 7]}
+    # at the prior (0.6) and one stream (row share 0.4, threshold 0.29): 2 tokens; its 4-token match would reach 8
+    assert spec.plan([seq], 1000, free_blocks=8) == {0: [5, 6]}
     for _ in range(6):
         spec.record(seq, 3, 3)                    # all kept, again and again: the proposals grow to 8
     assert seq.speculation.acceptance > 0.9 and spec.plan([seq], 1000, free_blocks=8) == {0: [5, 6, 7, 8, 9, 1, 2, 3]}
@@ -224,11 +225,13 @@ def test_auto_sizes_a_proposal_by_the_sequences_acceptance_and_pauses_one_that_f
     assert seq.speculation.pause == 1
     assert spec.stats() == {"spec_proposed": 36, "spec_accepted": 20, "spec_steps": 0}
     for _ in range(12):
-        seq.speculation.verified(4, 0)            # acceptance far below the threshold: one token, to probe
-    seq.speculation.pause = 0
+        seq.speculation.verified(4, 0)            # acceptance far below the threshold: a pause, then one token
+    seq.speculation.pause, seq.speculation.backoff = 0, 2
+    assert spec.plan([seq], 1000, free_blocks=8) == {} and seq.speculation.pause == 2
+    assert spec.plan([seq], 1000, free_blocks=8) == spec.plan([seq], 1000, free_blocks=8) == {}
     assert spec.plan([seq], 1000, free_blocks=8) == {0: [5]}
-    spec.cost = steep(StepCost())                 # 4 streams with rows as dear as the weights: threshold 0.8
-    assert spec.plan([seq] * 4, 1000, free_blocks=8) == {}   # no probe where a fresh sequence would not propose
+    spec.record(seq, 1, 0)                        # the probe failed: a longer pause
+    assert seq.speculation.pause == 4
 
 
 def test_proposals_never_run_past_the_blocks_the_context_or_max_tokens():

@@ -279,6 +279,8 @@ class LLMEngine:
         masks = self._masks.start(seqs)
         logits = self.runner.forward(inputs, False)
         self.speculator.steps += 1
+        sampler = self.runner.sampler   # plain greedy rows (the common case): every row's argmax in one pass
+        greedy = sampler.greedy(logits) if masks is None and sampler.plain(seqs) else None
         outputs, going, depth = {}, list(range(len(seqs))), 0
         kept = dict.fromkeys(plan, 0)
         try:
@@ -290,8 +292,11 @@ class LLMEngine:
                 if depth:
                     masks = self._masks.start(batch)
                 rows = [first[i] + depth for i in going]
-                allowed = self._allowed(masks, range(len(batch))) if masks is not None else None
-                tokens, logprobs = self._sample(self._rows(logits, rows), batch, allowed)
+                if greedy is not None:
+                    tokens, logprobs = [greedy[r] for r in rows], [None] * len(rows)
+                else:
+                    allowed = self._allowed(masks, range(len(batch))) if masks is not None else None
+                    tokens, logprobs = self._sample(self._rows(logits, rows), batch, allowed)
                 nxt = []
                 for i, seq, token, lp in zip(going, batch, tokens, logprobs):
                     if seq.request_id in self._row_errors:

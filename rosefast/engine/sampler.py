@@ -177,13 +177,22 @@ class Sampler:
 
     # -- the whole pass ----------------------------------------------------------------------------------
 
+    @staticmethod
+    def plain(seqs):
+        """Whether every row would take the pass's greedy fast path (greedy, nothing to process, no logprobs)."""
+        return all(s.params.greedy and not s.params.processed and s.params.logprobs is None for s in seqs)
+
+    def greedy(self, logits):
+        """Each row's argmax, as the pass gives rows that take its fast path (`plain`): a list."""
+        return sample_ops.for_tensor(logits).argmax(logits).tolist()
+
     def __call__(self, logits, seqs, allowed=None):
         """logits [B, V] (any device, any float dtype), seqs: the Sequence of each row; `allowed`, when
         given: (rows [R] long tensor, bitmask [R, ceil(V/32)] int32), on any device. Returns a SampleResult."""
         params = [s.params for s in seqs]
         want_lp = [i for i, p in enumerate(params) if p.logprobs is not None]
         if allowed is None and not want_lp and all(p.greedy and not p.processed for p in params):
-            return SampleResult(sample_ops.for_tensor(logits).argmax(logits).tolist())
+            return SampleResult(self.greedy(logits))
         raw_lp = None
         if want_lp:
             lp_rows = self._tensor(want_lp, torch.long)

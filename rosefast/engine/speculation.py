@@ -21,9 +21,8 @@ each row's compute), a fit the engine keeps of its own steps (StepCost); a seque
 probability about a^j, a its recent acceptance (per proposed token, given the ones before it were kept). Adding
 that row pays while a^j > B r / (1 + B r), r = t_row / t0 and B the running batch: at one stream a cheap row is
 worth even a likely miss, at 32 streams (where the rows are no longer nearly free) almost nothing is, and a step
-whose threshold reaches 0.95 proposes nothing. A sequence whose acceptance fell below the threshold still probes
-with one token where a fresh sequence would propose (its pauses, below, bound what that costs), and not where
-the batch is so large that only near-certain guesses pay. A proposal is also no longer than twice its match's length (a long
+whose threshold reaches 0.95 proposes nothing. A sequence whose acceptance is below the threshold pauses, then
+probes with one token, the pause doubling while that stays so (what it costs is bounded). A proposal is also no longer than twice its match's length (a long
 match predicts further). A sequence whose proposal kept nothing pauses for a step, the pause doubling while
 its proposals keep failing. The proposer (`NgramIndex`) is one small class: a draft model would be another
 proposer behind the same plan / record calls.
@@ -38,8 +37,8 @@ MATCH_REACH = 2        # a proposal is at most this many tokens per token of the
 BACKOFF_MAX = 64       # auto: the longest pause (in steps) of a sequence whose proposals keep failing
 PRIOR_ACCEPT = 0.6     # auto: a sequence's acceptance before it has verified anything (worth 2 tokens of evidence)
 ACCEPT_DECAY = 0.8     # auto: the weight its past keeps at each verification (its acceptance follows its text)
-PRIOR_ROW_SHARE = 0.25  # auto: t_row / t0 until the engine has measured its own steps (a 2-core AVX-512 VNNI CPU:
-                        # 0.2-0.35 on SmolLM2-135M int4, README)
+PRIOR_ROW_SHARE = 0.4  # auto: t_row / t0 until the engine has measured its own steps (a 2-core AVX-512 VNNI
+                       # Xeon: 0.37-0.43 on SmolLM2-135M int4, README)
 
 
 class NgramIndex:
@@ -69,12 +68,13 @@ class NgramIndex:
 
 class SeqSpeculation:
     """One sequence's speculation state: its index and how its proposals fared (Sequence.speculation)."""
-    __slots__ = ("index", "pause", "backoff", "proposed", "accepted", "kept", "tried")
+    __slots__ = ("index", "pause", "backoff", "probe", "proposed", "accepted", "kept", "tried")
 
     def __init__(self):
         self.index = NgramIndex()
         self.pause = 0       # auto: steps to go before it proposes again
         self.backoff = 1     # auto: the next pause after a step that kept nothing
+        self.probe = False   # auto: its acceptance is below the step's threshold: at the pause's end, one token
         self.proposed = self.accepted = 0
         self.kept, self.tried = 2 * PRIOR_ACCEPT, 2.0   # decayed counts: tokens kept / tokens tried (a miss ends a try)
 
@@ -151,10 +151,13 @@ class Speculator:
                     continue
                 a = spec.acceptance   # the longest proposal whose last token is kept with a chance above threshold
                 k = min(k, int(math.log(threshold) / math.log(a)) if 0 < a < 1 else (k if a else 0))
-                if k < 1:   # a token not worth its row: still probe, where a fresh sequence's would be
-                    if PRIOR_ACCEPT <= threshold:
+                if k < 1:   # not even one token worth its row: one token to probe, after a pause that doubles
+                    if not spec.probe:
+                        spec.pause, spec.probe = spec.backoff, True
+                        spec.backoff = min(2 * spec.backoff, BACKOFF_MAX)
                         continue
                     k = 1
+                spec.probe = False
             n = seq.num_tokens
             room = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_model_len - n - 1)
             if room <= 0:
