@@ -190,6 +190,13 @@ def test_the_step_cost_fit_reads_the_row_share_of_the_engines_steps():
         cost.observe(rows, 0.010 + 0.002 * rows)
     assert cost.row_share() == pytest.approx(0.2, rel=0.05)
     assert steep(StepCost()).row_share() == pytest.approx(1.0, rel=0.05)
+    measured = StepCost()                               # the counts seen decide, where they are known
+    for rows, seconds in ((1, 0.010), (2, 0.011), (4, 0.013), (5, 0.0165)) * 3:
+        measured.observe(rows, seconds)
+    assert measured.threshold(1, 1) == pytest.approx(0.1)          # a second row: a tenth of the step's token
+    assert measured.threshold(4, 4) == pytest.approx(0.0035 * 4 / 0.013)   # a fifth row: more than a token's time
+    share = 3 * measured.row_share()
+    assert measured.threshold(3, 6) == pytest.approx(share / (1 + share))   # not seen: the fit
 
 
 def test_auto_speculates_only_where_it_pays(tiny_llama, prompts):

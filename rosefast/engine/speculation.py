@@ -16,19 +16,17 @@ it. For a proposal that is one token x (a deterministic proposer) that is the st
 kept with probability p(x), and on rejection the draw is from p with x removed, renormalized.
 
 When it is used (`speculative`): `ngram` proposes up to `speculative_tokens` wherever a match is found (tests,
-measurements); `auto` only what pays. A decode step costs about t0 + rows x t_row (the weights read once, then
-each row's compute), a fit the engine keeps of its own steps (StepCost); a sequence's proposed token j is kept with
-probability about a^j, a its recent acceptance (per proposed token, given the ones before it were kept). Adding
-that row pays while a^j > B r / (1 + B r), r = t_row / t0 and B the running batch: at one stream a cheap row is
-worth even a likely miss, at 32 streams (where the rows are no longer nearly free) almost nothing is, and a step
-whose threshold reaches 0.95 proposes nothing. A sequence whose acceptance is below the threshold pauses, then
-probes with one token, the pause doubling while that stays so (what it costs is bounded). A proposal is also no longer than twice its match's length (a long
-match predicts further). A sequence whose proposal kept nothing pauses for a step, the pause doubling while
-its proposals keep failing. The proposer (`NgramIndex`) is one small class: a draft model would be another
-proposer behind the same plan / record calls.
+measurements); `auto` only what pays. The engine times its own decode steps by their row count (StepCost: the
+recent mean per count, and a fit t0 + rows x t_row for the counts not seen). A sequence's proposed token j is
+kept with a chance of about a^j, a its recent acceptance (per proposed token, given the ones before it were
+kept); the row pays while a^j is above what the row adds to the step's time over the step's time per sequence's
+token (at one stream a cheap row is worth even a likely miss; at 32 streams, where each row costs about what a
+token does, almost nothing is), and a step whose first extra row needs 0.95 proposes nothing. A sequence whose
+acceptance is below that pauses, then probes with one token, the pause doubling while it stays so, as it does
+after a proposal that kept nothing (what a sequence whose guesses fail costs is bounded). A proposal is also no
+longer than twice its match's length (a long match predicts further). The proposer (`NgramIndex`) is one small
+class: a draft model would be another proposer behind the same plan / record calls.
 """
-import math
-
 from rosefast.engine.sequence import SequenceStatus
 
 NGRAM_MAX = 4          # the longest suffix looked up
@@ -91,20 +89,26 @@ class SeqSpeculation:
 
 
 class StepCost:
-    """A decode step's seconds as t0 + rows x t_row, fitted to the engine's own steps (least squares, each step's
-    weight decaying as newer ones come); `row_share` = t_row / t0, PRIOR_ROW_SHARE until the steps seen had rows
-    of different counts."""
+    """What a decode step of R rows takes: the mean seconds of the recent steps of each row count, and a fit of
+    them all as t0 + R x t_row (least squares, each step's weight decaying as newer ones come) for the counts
+    not seen. `threshold(B, R)`: the chance of being kept above which row R + 1 pays in a step of B sequences —
+    the time it adds over the time the step takes per sequence's token, (T(R + 1) - T(R)) / (T(B) / B); with
+    nothing measured, from PRIOR_ROW_SHARE (t_row / t0)."""
 
     def __init__(self, decay=0.98):
         self.decay = decay
         self.w = self.r = self.rr = self.t = self.rt = 0.0
+        self.by_rows = {}   # R -> recent seconds of a step of R rows (each new step a fifth of it)
 
     def observe(self, rows, seconds):
         d = self.decay
         self.w, self.r, self.rr = d * self.w + 1, d * self.r + rows, d * self.rr + rows * rows
         self.t, self.rt = d * self.t + seconds, d * self.rt + rows * seconds
+        old = self.by_rows.get(rows)
+        self.by_rows[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
 
     def row_share(self):
+        """t_row / t0 of the fit (PRIOR_ROW_SHARE until the steps seen had rows of different counts)."""
         w = self.w
         var = self.rr / w - (self.r / w) ** 2 if w else 0.0
         if var < 0.25:   # the rows hardly varied: no slope to read
@@ -114,6 +118,15 @@ class StepCost:
         if t0 <= 0:
             return 1.0
         return min(max(slope / t0, 0.01), 1.0)
+
+    def threshold(self, batch, rows):
+        seen = self.by_rows
+        if batch in seen and rows in seen and rows + 1 in seen:
+            added = seen[rows + 1] - seen[rows]
+            if added > 0:   # (noise can order two counts' means the wrong way: then the fit decides)
+                return added * batch / seen[batch]
+        share = batch * self.row_share()
+        return share / (1 + share)
 
 
 class Speculator:
@@ -133,12 +146,10 @@ class Speculator:
         """{i: proposal} for the decode step's sequences `seqs` (those that propose). A proposal never runs a
         sequence past its max_tokens or the context, nor forbids what its grammar does, and takes at most
         `free_blocks` new KV blocks in all (the step's own blocks are already given)."""
-        auto = self.mode == "auto"
-        if auto:
-            share = len(seqs) * self.cost.row_share()
-            threshold = share / (1 + share)   # a proposed row pays while its chance to be kept is above this
-            if threshold >= 0.95:
-                return {}
+        auto, batch = self.mode == "auto", len(seqs)
+        rows = batch   # the step's rows so far
+        if auto and self.cost.threshold(batch, rows) >= 0.95:
+            return {}
         plan, bs = {}, self.block_size
         for i, seq in enumerate(seqs):
             spec = seq.speculation
@@ -149,8 +160,12 @@ class Speculator:
                 if spec.pause:
                     spec.pause -= 1
                     continue
-                a = spec.acceptance   # the longest proposal whose last token is kept with a chance above threshold
-                k = min(k, int(math.log(threshold) / math.log(a)) if 0 < a < 1 else (k if a else 0))
+                a, kept, k = spec.acceptance, 1.0, 0   # rows while each one's chance to be kept pays for it
+                while k < self.max_tokens:
+                    kept *= a
+                    if kept <= self.cost.threshold(batch, rows + k):
+                        break
+                    k += 1
                 if k < 1:   # not even one token worth its row: one token to probe, after a pause that doubles
                     if not spec.probe:
                         spec.pause, spec.probe = spec.backoff, True
@@ -176,6 +191,7 @@ class Speculator:
                 need = -(-(n + len(proposal)) // bs) - len(seq.block_table)
             free_blocks -= max(need, 0)
             plan[i] = proposal
+            rows += len(proposal)
         return plan
 
     def record(self, seq, proposed, accepted):
