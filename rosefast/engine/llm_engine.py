@@ -244,20 +244,20 @@ class LLMEngine:
             logits = self._rows(logits, rows)
         allowed = self._allowed(masks, rows) if masks is not None else None
         tokens, logprobs = self._sample(logits, seqs, allowed)
-        outputs = []
-        for seq, token, lp in zip(seqs, tokens, logprobs):
-            if seq.request_id in self._row_errors:
-                continue
-            try:
-                out = self._commit(seq, token, lp)
-            except Exception as e:  # noqa: BLE001 - this row's fault fails this row alone
-                if is_fatal_device_error(e):
-                    raise
-                self._fail_row(seq, e)
-                continue
-            if out is not None:
-                outputs.append(out)
-        return outputs
+        outputs = [self._commit_row(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
+        return [out for out in outputs if out is not None]
+
+    def _commit_row(self, seq, token, lp):
+        """_commit for one row of a step: None where the row failed (alone) or its token was refused."""
+        if seq.request_id in self._row_errors:
+            return None
+        try:
+            return self._commit(seq, token, lp)
+        except Exception as e:  # noqa: BLE001 - this row's fault fails this row alone
+            if is_fatal_device_error(e):
+                raise
+            self._fail_row(seq, e)
+            return None
 
     def _run_speculative(self, step, plan):
         """A decode step that also verifies proposals (`plan`: {i: proposed ids} for step.seqs[i]; see
@@ -299,15 +299,7 @@ class LLMEngine:
                     tokens, logprobs = self._sample(self._rows(logits, rows), batch, allowed)
                 nxt = []
                 for i, seq, token, lp in zip(going, batch, tokens, logprobs):
-                    if seq.request_id in self._row_errors:
-                        continue
-                    try:
-                        out = self._commit(seq, token, lp)
-                    except Exception as e:  # noqa: BLE001 - this row's fault fails this row alone
-                        if is_fatal_device_error(e):
-                            raise
-                        self._fail_row(seq, e)
-                        continue
+                    out = self._commit_row(seq, token, lp)
                     if out is None:
                         continue
                     outputs[seq.request_id] = self._merged(outputs[seq.request_id], out) \
