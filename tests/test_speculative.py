@@ -248,6 +248,8 @@ def test_proposals_never_run_past_the_blocks_the_context_or_max_tokens():
     assert ngram.plan([seq], 1000, free_blocks=8) == {0: [3, 1, 2]}   # what followed (2, 3, 1, 2) last time
     assert ngram.plan([seq], 1000, free_blocks=0) == {}         # its rows need a block past its two: none free
     assert ngram.plan([seq], 10, free_blocks=8) == {0: [3]}     # the context ends at 10 tokens
+    assert Speculator("ngram", 4, 4, max_rows=3).plan([seq], 1000, free_blocks=8) == {0: [3, 1]}   # 3 rows a step
+    assert Speculator("ngram", 4, 4, max_rows=2).plan([seq, seq], 1000, free_blocks=8) == {}
     seq.params = SamplingParams(max_tokens=1)
     assert ngram.plan([seq], 1000, free_blocks=8) == {}         # max_tokens: no room past the next token
     assert Speculator("off", 4, 4).enabled is False

@@ -80,7 +80,7 @@ class LLMEngine:
         self._long_rope = long_rope_switch(self.args)   # a long-RoPE model's switch (None: another model)
         # (the stand-in gives one token a step, as its sizing promises: it never speculates)
         self.speculator = Speculator("off" if self.model.source == STAND_IN else self.config.speculative,
-                                     self.config.speculative_tokens, self.config.block_size)
+                                     self.config.speculative_tokens, self.config.block_size, self.config.max_batch_size)
         self.steps = 0
 
     @property

@@ -132,9 +132,10 @@ class StepCost:
 class Speculator:
     """Chooses each decode step's proposals and keeps the counts /metrics shows."""
 
-    def __init__(self, mode, max_tokens, block_size):
-        """mode: EngineConfig.speculative (checked there); max_tokens: its speculative_tokens."""
-        self.mode, self.max_tokens, self.block_size = mode, max_tokens, block_size
+    def __init__(self, mode, max_tokens, block_size, max_rows=64):
+        """mode: EngineConfig.speculative (checked there); max_tokens: its speculative_tokens; max_rows: the most
+        rows a decode step may have (max_batch_size: what the engine sized its memory, and CUDA its graphs, for)."""
+        self.mode, self.max_tokens, self.block_size, self.max_rows = mode, max_tokens, block_size, max_rows
         self.proposed = self.accepted = self.steps = 0   # tokens proposed, kept; steps that verified some
         self.cost = StepCost()   # the engine's decode steps (LLMEngine._run)
 
@@ -145,7 +146,8 @@ class Speculator:
     def plan(self, seqs, max_model_len, free_blocks):
         """{i: proposal} for the decode step's sequences `seqs` (those that propose). A proposal never runs a
         sequence past its max_tokens or the context, nor forbids what its grammar does, and takes at most
-        `free_blocks` new KV blocks in all (the step's own blocks are already given)."""
+        `free_blocks` new KV blocks in all (the step's own blocks are already given); the step's rows stay within
+        max_rows."""
         auto, batch = self.mode == "auto", len(seqs)
         rows = batch   # the step's rows so far
         if auto and self.cost.threshold(batch, rows) >= 0.95:
@@ -155,13 +157,15 @@ class Speculator:
             spec = seq.speculation
             if spec is None:
                 spec = seq.speculation = SeqSpeculation()
-            k = self.max_tokens
+            k = min(self.max_tokens, self.max_rows - rows)
+            if k <= 0:
+                break
             if auto:
                 if spec.pause:
                     spec.pause -= 1
                     continue
-                a, kept, k = spec.acceptance, 1.0, 0   # rows while each one's chance to be kept pays for it
-                while k < self.max_tokens:
+                a, kept, most, k = spec.acceptance, 1.0, k, 0   # rows while each one's chance to be kept pays
+                while k < most:
                     kept *= a
                     if kept <= self.cost.threshold(batch, rows + k):
                         break
