@@ -66,14 +66,13 @@ class NgramIndex:
 
 class SeqSpeculation:
     """One sequence's speculation state: its index and how its proposals fared (Sequence.speculation)."""
-    __slots__ = ("index", "pause", "backoff", "probe", "proposed", "accepted", "kept", "tried")
+    __slots__ = ("index", "pause", "backoff", "probe", "kept", "tried")
 
     def __init__(self):
         self.index = NgramIndex()
         self.pause = 0       # auto: steps to go before it proposes again
         self.backoff = 1     # auto: the next pause after a step that kept nothing
         self.probe = False   # auto: its acceptance is below the step's threshold: at the pause's end, one token
-        self.proposed = self.accepted = 0
         self.kept, self.tried = 2 * PRIOR_ACCEPT, 2.0   # decayed counts: tokens kept / tokens tried (a miss ends a try)
 
     @property
@@ -82,8 +81,6 @@ class SeqSpeculation:
         return self.kept / self.tried
 
     def verified(self, proposed, accepted):
-        self.proposed += proposed
-        self.accepted += accepted
         self.kept = ACCEPT_DECAY * self.kept + accepted
         self.tried = ACCEPT_DECAY * self.tried + accepted + (accepted < proposed)
 
