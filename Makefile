@@ -44,8 +44,13 @@ FORCE:
 # what does not depend on the flavour — `make serve`, the real model's numbers, generation defaults, SIGTERM,
 # the dead-GPU and dead-engine restarts, a failed start, processes from the engine thread, the body timeout,
 # the API key and the logs — runs once, in the first run).
+# Both runs share one model cache (the default GGUF converted once, keyed by the file), made for this `make test`
+# and removed after it unless ROSEFAST_TEST_CACHE names one to keep.
 test: build cross-tools browser
-	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest tests benches --benchmark-disable
+	@cache=$${ROSEFAST_TEST_CACHE:-$$(mktemp -d -t rosefast-test-cache.XXXXXX)}; \
+	export ROSEFAST_TEST_CACHE=$$cache; trap '[ "$$cache" = "$(ROSEFAST_TEST_CACHE)" ] || rm -rf "$$cache"' EXIT; \
+	set -ex; \
+	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest tests benches --benchmark-disable; \
 	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/test_request.py tests/test_manager.py \
 		tests/test_server.py tests/test_openai_surface.py tests/test_agent_apis.py tests/test_reliability.py \
 		tests/test_security.py \

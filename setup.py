@@ -2,11 +2,20 @@
 
 ROSEFAST_NO_EXTENSIONS=1   build (and later use) the pure-Python twins only
 ROSEFAST_DEBUG_BUILD=1     compile the extensions with -O0 -g and Cython line tracing off
+ROSEFAST_BUILD_MODULES=a,b only these of COMPILED_MODULES (e.g. frontend/admission; default: all)
+
+`pip install .` also leaves each compiled module beside its source in the checkout (as `pip install -e .`
+does), so `gunicorn -k gevent server:app` run from the repository root — which imports rosefast/ from the
+checkout, not from site-packages — serves the compiled flavour too.
 """
 import os
+import shutil
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # One entry per accelerated module: <package>/_<name>_c.pyx beside _<name>_py.py.
 COMPILED_MODULES = ["frontend/admission", "frontend/collector", "frontend/fanout", "models/kernels",
@@ -27,8 +36,12 @@ def _extensions():
 
     debug = _flag("ROSEFAST_DEBUG_BUILD")
     cflags = ["-O0", "-g"] if debug else ["-O3"]
+    only = [m.strip() for m in os.environ.get("ROSEFAST_BUILD_MODULES", "").split(",") if m.strip()]
+    unknown = sorted(set(only) - set(COMPILED_MODULES))
+    if unknown:
+        sys.exit(f"rosefast: ROSEFAST_BUILD_MODULES names {', '.join(unknown)}; known: {', '.join(COMPILED_MODULES)}")
     exts = []
-    for m in COMPILED_MODULES:
+    for m in only or COMPILED_MODULES:
         package, name = m.split("/")
         source = f"rosefast/{package}/_{name}_c.pyx"
         if not os.path.exists(source):
@@ -58,4 +71,27 @@ def _extensions():
     )
 
 
-setup(ext_modules=_extensions())
+class BuildExtInTree(build_ext):
+    """build_ext that also copies each built module into the source tree when it built elsewhere (`pip install .`):
+    the checkout's rosefast/ then has its compiled flavour, whichever copy Python imports. The modules compile
+    in parallel, one per CPU, unless -j says otherwise."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+    def run(self):
+        super().run()
+        if self.inplace or not os.access(ROOT, os.W_OK):
+            return
+        for ext in self.extensions:
+            built = self.get_ext_fullpath(ext.name)
+            *package, _ = ext.name.split(".")
+            target = os.path.join(ROOT, *package, os.path.basename(built))
+            if os.path.isdir(os.path.dirname(target)) and os.path.abspath(built) != target:
+                shutil.copyfile(built, target + ".tmp")
+                os.replace(target + ".tmp", target)   # a running server keeps its mapped copy
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildExtInTree})

@@ -4,6 +4,7 @@ import os
 
 NO_EXTENSIONS = os.environ.get("ROSEFAST_NO_EXTENSIONS", "").strip() not in ("", "0")
 _SELECTED = {}   # selector module ("rosefast.models.kernels") -> the flavour it took
+_MISSING = {}    # selector module -> why its compiled flavour did not import (the ImportError's words)
 
 
 def select(name, package="rosefast.frontend"):
@@ -12,8 +13,8 @@ def select(name, package="rosefast.frontend"):
     if not NO_EXTENSIONS:
         try:
             module = importlib.import_module(f"{package}._{name}_c")
-        except ImportError:
-            pass
+        except ImportError as e:
+            _MISSING[f"{package}.{name}"] = str(e)
     if module is None:
         module = importlib.import_module(f"{package}._{name}_py")
     _SELECTED[f"{package}.{name}"] = module
@@ -27,3 +28,8 @@ def selected(name):
 
 def is_compiled(module):
     return module.__name__.endswith("_c")
+
+
+def missing(name):
+    """Why the selector module `name` (imported) runs its pure twin though extensions were allowed, or None."""
+    return _MISSING.get(name) if not selected(name) else None

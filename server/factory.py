@@ -8,6 +8,7 @@ import time
 from flask import Flask, g, request
 from werkzeug.exceptions import HTTPException
 
+from rosefast import flavour_warning
 from rosefast._native import native_rlock
 from rosefast.manager import SchedulerManager
 from server.auth import authorized
@@ -80,6 +81,9 @@ class State:
         c = self.config
         log.info("worker %d (pid %d): device %s, max %d requests in flight", c.worker_index, os.getpid(), c.device,
                  c.max_inflight_requests)
+        pure = flavour_warning()
+        if pure:
+            log.warning("%s", pure)
         if gevent:   # how soon the engine thread's Python work yields the GIL to the hub (see ServerConfig)
             sys.setswitchinterval(c.switch_interval_ms / 1000.0)
         self.manager = SchedulerManager(c.engine_config(), max_inflight_requests=c.max_inflight_requests or None,

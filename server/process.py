@@ -21,9 +21,9 @@ def free_port():
 
 class Server:
     """`Server(env)`: started and healthy when it returns (env: extra environment variables; `command`
-    replaces the gunicorn command line, `{port}` in it filled in)."""
+    replaces the gunicorn command line, `{port}` in it filled in; `cwd`: where it runs, default this checkout)."""
 
-    def __init__(self, env, port=None, command=None, startup_timeout=120):
+    def __init__(self, env, port=None, command=None, startup_timeout=120, cwd=ROOT):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full_env = {**os.environ, **{k: str(v) for k, v in env.items()}}
@@ -31,7 +31,7 @@ class Server:
             [sys.executable, "-m", "gunicorn", "-k", "gevent", "server:app", "--bind", f"127.0.0.1:{self.port}"]
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"rosefast-gunicorn-{self.port}.log"
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + startup_timeout
         while time.monotonic() < deadline:
