@@ -116,13 +116,15 @@ def behind_nginx(envs):
             s.stop()
 
 
-async def timed_stream(url, tokens, delay=0.0):
-    """(status, arrival time of each SSE event with text, ended with [DONE], error if the stream broke)."""
+async def timed_stream(url, tokens, delay=0.0, times=None):
+    """(status, arrival time of each SSE event with text, ended with [DONE], error if the stream broke); `times`,
+    when given, is the list the arrival times go into as they come (a caller watches the stream's progress)."""
     import time
 
     await asyncio.sleep(delay)
     body = {"prompt": "Once upon a time", "max_tokens": tokens, "stream": True, "ignore_eos": True}
-    times, done, error = [], False, None
+    times = [] if times is None else times
+    done, error = False, None
     try:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -137,28 +139,47 @@ async def timed_stream(url, tokens, delay=0.0):
     return None, times, done, error
 
 
+async def until(condition, what, timeout=30):
+    """Wait for an event the test orders itself by (a stream's progress, a replica's state), not for a time."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def _health(server):
+    try:
+        return httpx.get(server.url + "/health", timeout=5).status_code
+    except httpx.HTTPError:
+        return None
+
+
 def test_a_draining_replica_finishes_its_streams_while_new_requests_go_to_the_other(default_model):
     with stand_in_replicas(2, step_ms=20) as (servers, nginx):
         async def run():
-            own = asyncio.create_task(timed_stream(servers[0].url, 150))   # ~3 s on the first replica
-            await asyncio.sleep(0.5)
+            progress = []
+            own = asyncio.create_task(timed_stream(servers[0].url, 250, times=progress))   # ~5 s on replica 1
+            await until(lambda: len(progress) >= 5, "the first replica's stream to start")
             os.kill(servers[0].proc.pid, signal.SIGTERM)   # gunicorn's master: the worker drains
-            await asyncio.sleep(0.3)
-            health = httpx.get(servers[0].url + "/health", timeout=5).status_code
+            await until(lambda: _health(servers[0]) == 503, "the first replica to say it drains")
             new = await asyncio.gather(*(timed_stream(nginx.url, 20) for _ in range(4)))
-            return await own, health, new
+            during = len(progress)
+            return await own, during, new
 
-        own, health, new = asyncio.run(run())
-        assert health == 503                                  # draining: nginx passes it over
-        assert own[0] == 200 and own[2] and len(own[1]) >= 100   # its stream ran to [DONE]
+        own, during, new = asyncio.run(run())
+        assert len(own[1]) > during                           # the new requests ran while it still streamed
+        assert own[0] == 200 and own[2] and len(own[1]) >= 160   # its stream ran to [DONE] (some tokens add no text)
         assert [(status, done) for status, _, done, _ in new] == [(200, True)] * 4
 
 
 def test_a_stream_on_a_killed_replica_is_cut_not_hung(default_model):
     with stand_in_replicas(2, step_ms=20) as (servers, nginx):
         async def run():
-            streams = [asyncio.create_task(timed_stream(nginx.url, 120)) for _ in range(2)]   # one on each
-            await asyncio.sleep(1.0)
+            progress = [[], []]
+            streams = [asyncio.create_task(timed_stream(nginx.url, 120, times=p)) for p in progress]  # one on each
+            await until(lambda: all(progress), "both streams to start")
             os.killpg(servers[0].proc.pid, signal.SIGKILL)
             return await asyncio.wait_for(asyncio.gather(*streams), 30)   # a hang guard
 
@@ -186,8 +207,8 @@ def test_streams_through_nginx_are_not_buffered(default_model):
 def test_the_overhead_benchmark_runs(default_model, capsys):
     from benches import replicas_overhead
 
-    # streams that outlive the burst (30 steps of 5 ms), so a replica is still full when the overflow arrives
-    rows = replicas_overhead.main(["--streams", "3", "--tokens", "30", "--step-ms", "5"])
+    # streams that outlive the burst (30 steps of 20 ms: 0.6 s against the ms its 9 requests take to send), so a replica is still full when the overflow arrives
+    rows = replicas_overhead.main(["--streams", "3", "--tokens", "30", "--step-ms", "20"])
     assert [(n, f["completed"], f["rejected"], f["errors"]) for _, n, f in rows] == \
         [(3, 3, 0, 0), (3, 3, 0, 0), (9, 3, 6, 0), (9, 6, 3, 0)]
     assert "| 3x overload, through nginx (2 replicas) | 9 | 6 | 3 | 0 |" in capsys.readouterr().out
