@@ -124,7 +124,8 @@ def main(argv=None):
         dtype = getattr(torch, dtype_name)
         tokens = max(batches) * (-(-(max(contexts) + 1) // 16)) * 16
         runner = ModelRunner(EngineConfig(model=resolved, dtype=dtype_name, kv_cache_tokens=tokens, device=a.device,
-                                          max_batch_size=max(64, *batches)))   # graphs (CUDA) for every batch
+                                          max_batch_size=max(64, *batches),   # graphs (CUDA) for every batch
+                                          quantization="none"))   # the dtype's own linears, beside F.linear's
         hf = None if a.no_hf else load_hf_model(resolved, dtype=dtype).to(runner.device)
         plain = plain_linears(runner.model, dtype, runner.device)
         for batch in batches:

@@ -66,7 +66,8 @@ def main(argv=None):
     dtype = resolve_dtype(a.dtype, torch.device("cpu"))
     dtype_name = str(dtype).removeprefix("torch.")
     engine = LLMEngine(EngineConfig(model=resolved, dtype=dtype_name, device="cpu", max_batch_size=max(levels),
-                                    kv_cache_tokens=max(levels) * (a.new_tokens + 64)))
+                                    kv_cache_tokens=max(levels) * (a.new_tokens + 64),
+                                    quantization="none"))   # the same weights as Hugging Face's beside it
     tok = load_tokenizer(resolved)
     hf = load_hf_model(resolved, dtype=dtype)
     ours(engine, prompts(2), 8)  # warm-up

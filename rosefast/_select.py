@@ -1,8 +1,9 @@
 """Pick the compiled or the pure-Python flavour of an accelerated module (aio-libs style)."""
 import importlib
-import os
 
-NO_EXTENSIONS = os.environ.get("ROSEFAST_NO_EXTENSIONS", "").strip() not in ("", "0")
+from rosefast.config import process_setting
+
+NO_EXTENSIONS = process_setting("ROSEFAST_NO_EXTENSIONS")
 _SELECTED = {}   # selector module ("rosefast.models.kernels") -> the flavour it took
 _MISSING = {}    # selector module -> why its compiled flavour did not import (the ImportError's words)
 

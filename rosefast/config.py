@@ -1,7 +1,33 @@
-"""Settings: one flat dataclass per concern. Fields are validated where they are made."""
+"""Settings: one flat dataclass per concern. Fields are validated where they are made.
+
+Every ROSEFAST_* variable is defined in this module: EngineConfig's fields (the server's ServerConfig adds its
+own, server/config.py), and PROCESS_VARIABLES, the few read where they are used (at import, in library use and
+in the tests, before or without a config object).
+"""
+import os
 from dataclasses import dataclass, fields
 
+# name -> (default, what it does): read by process_setting, listed in the README's table with the fields
+PROCESS_VARIABLES = {
+    "ROSEFAST_CACHE": ("~/.cache/rosefast", "where converted models are kept"),
+    "ROSEFAST_TRITON": ("1", "CUDA: decode attention by the Triton kernel when Triton imports; 0: the torch twin's"),
+    "ROSEFAST_NO_EXTENSIONS": ("0", "1: build and use the pure-Python twins of the compiled modules only"),
+}
 
+
+def process_setting(name):
+    """A PROCESS_VARIABLES setting as the environment has it now: the flags ("0"/"1" defaults) as bool, the
+    cache as a path with ~ expanded; a ValueError naming the variable for a flag that is not one."""
+    default, _ = PROCESS_VARIABLES[name]
+    raw = os.environ.get(name, "").strip() or default
+    if default in ("0", "1"):
+        if raw.lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+            raise ValueError(f"{name}={raw!r} is not a flag: expected 1 or 0")
+        return raw.lower() in ("1", "true", "yes", "on")
+    return os.path.expanduser(raw)
+
+
+QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 # the quantized linears' kernels (rosefast.models.quant_ops): the best tier this CPU runs, one tier, or torch's ops
 CPU_KERNELS = ("auto", "avx512vnni", "avxvnni", "avx2", "neon", "scalar", "torch")
 HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
@@ -27,9 +53,10 @@ class EngineConfig:
     seed: int = 0                      # for requests without their own seed
     num_threads: int = 0               # torch intra-op threads on CPU; 0: torch's default
     stand_in_step_ms: float = 0.0      # model "stand-in" (no forward pass): how long each step takes
-    quantization: str = "none"         # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quant);
-                                       # auto: a GGUF's own blocks on CPU (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K,
-                                       # Q5_K, Q6_K, any mix); else none
+    quantization: str = "auto"         # auto: a GGUF's own blocks on CPU (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K,
+                                       # Q5_K, Q6_K, any mix; the embedded default model's int4), else none;
+                                       # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quant)
+                                       # (one default for the library, the CLI and the server)
     quantize_lm_head: str = "auto"     # the lm_head's: none, int8, int4; true: as the linears; auto: int8 when
                                        # the linears are quantized, else none (rosefast.models.quant.head_mode)
     cpu_kernels: str = "auto"          # the quantized linears' kernels: auto (the best tier this CPU runs),
@@ -64,8 +91,8 @@ class EngineConfig:
         if self.quantize_lm_head not in ("none", "int8", "int4", "auto", "true"):
             raise ValueError(f"quantize_lm_head must be one of none, int8, int4, auto, true; "
                              f"got {self.quantize_lm_head!r}")
-        if self.quantization not in ("none", "int8", "int4", "auto"):
-            raise ValueError(f"quantization must be one of none, int8, int4, auto; got {self.quantization!r}")
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}; got {self.quantization!r}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}; got {self.cpu_kernels!r}")
         if self.speculative not in ("auto", "off", "ngram"):

@@ -6,7 +6,7 @@ message naming the variable.
 import os
 from dataclasses import dataclass, fields
 
-from rosefast.config import EngineConfig
+from rosefast.config import PROCESS_VARIABLES, EngineConfig
 
 PREFIX = "ROSEFAST_"
 
@@ -18,8 +18,6 @@ class ConfigError(ValueError):
 @dataclass
 class ServerConfig(EngineConfig):
     """The engine's fields (EngineConfig's, with its defaults and checks), then the server's own."""
-    # the engine's, with the server's own default: int4 where the model's file is Q4_1 (the embedded one)
-    quantization: str = "auto"
     # the serving core
     max_inflight_requests: int = 256     # past this, 429 at once (0: unlimited)
     tokenize_workers: int = 2            # native threads encoding prompts off the request path
@@ -124,5 +122,6 @@ def server_config_from_env(environ=None):
 
 
 def documented_variables():
-    """(variable, default) for the README."""
-    return [(PREFIX + f.name.upper(), f.default) for f in fields(ServerConfig)]
+    """(variable, default) for the README: every field, then the variables read where they are used."""
+    return [(PREFIX + f.name.upper(), f.default) for f in fields(ServerConfig)] + \
+        [(name, default) for name, (default, _) in PROCESS_VARIABLES.items()]

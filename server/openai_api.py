@@ -1,7 +1,7 @@
 """The OpenAI request fields we take, how they map to SamplingParams, and the response shapes."""
 import math
 
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling import MAX_LOGPROBS, SamplingParams
 from server.errors import APIError, bad_request
 from server.request_model import Generation, Options
 from server.structured import FIELDS as STRUCTURED
@@ -22,7 +22,6 @@ RESERVED_TEMPLATE_ARGS = {"conversation", "messages", "tools", "documents", "add
                           "continue_final_message", "return_dict", "chat_template", "tokenizer_kwargs"}
 MAX_N = 16
 MAX_PROMPTS = 64
-MAX_LOGPROBS = 20
 
 
 def _number(body, name, default, low=None, high=None, integer=False, names=None):

@@ -18,6 +18,7 @@ GEN_TEXTS = TEXTS + ["Once upon a time", "1, 2, 3, 4,", "The best way to learn P
 
 
 def runner_for(model, dtype="float32", **kw):
+    kw.setdefault("quantization", "none")   # the weights as Hugging Face runs them (auto: a GGUF's int4 blocks)
     return ModelRunner(EngineConfig(model=model, dtype=dtype, kv_cache_tokens=kw.pop("kv_cache_tokens", 8192), **kw))
 
 

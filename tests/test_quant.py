@@ -210,7 +210,7 @@ def test_the_int4_engine_follows_the_unquantized_one(default_model, kernels):
 
 
 def test_bad_modes_and_devices_are_refused_by_name():
-    with pytest.raises(ValueError, match="quantization must be one of none, int8, int4"):
+    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, int4"):
         EngineConfig(quantization="int3")
     with pytest.raises(ValueError, match="runs on CPU only"):
         check_mode("int4", torch.device("cuda"))
@@ -231,7 +231,8 @@ def test_a_directory_is_quantized_at_load_and_the_benchmark_runs(tiny_llama, cap
 def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, tiny_llama):
     from server.config import server_config_from_env
 
-    assert server_config_from_env({}).quantization == "auto" and EngineConfig().quantization == "none"
+    # one default for the library, the CLI and the server
+    assert server_config_from_env({}).quantization == "auto" and EngineConfig().quantization == "auto"
     for model, want in ((default_model, True), (tiny_llama, False)):
         engine = LLMEngine(model=model, dtype="float32", device="cpu", kv_cache_tokens=1024, quantization="auto")
         assert any(isinstance(m, Int4Linear) for m in engine.runner.model.modules()) is want

@@ -238,7 +238,7 @@ def test_rows_without_a_seed_draw_from_the_engines_generator(tiny_llama):
 def test_logprobs_equal_hugging_face_log_softmax_on_the_real_model(default_model):
     from rosefast.models import load_hf_model
 
-    engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096)
+    engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, quantization="none")
     prompt = engine.tokenizer("The capital of France is").input_ids
     for params in (SamplingParams(max_tokens=5, temperature=0, logprobs=5),
                    SamplingParams(max_tokens=5, temperature=0.8, top_k=20, seed=3, logprobs=3)):
@@ -369,7 +369,7 @@ def test_prompt_logprobs_equal_hugging_face_over_the_prompt(default_model):
     the prompt's blocks already in the prefix cache (which must not skip a position whose logprob is asked)."""
     from rosefast.models import load_hf_model
 
-    engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, block_size=4,
+    engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, block_size=4, quantization="none",
                        max_num_batched_tokens=7)
     prompt = engine.tokenizer("The quick brown fox jumps over the lazy dog, and then it sleeps.").input_ids
     hf = load_hf_model(default_model)

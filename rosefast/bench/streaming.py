@@ -50,6 +50,8 @@ def build_parser():
     a("--temperature", type=float, default=0.0, help="0 (default): greedy")
     a("--top-p", type=float, default=1.0)
     a("--no-prefix-cache", action="store_true")
+    a("--quantization", choices=("auto", "none", "int8", "int4"), default="auto",
+      help="in-process: the weights (auto, as the server: a GGUF's own blocks on CPU, the default model's int4)")
     a("--speculative", choices=("auto", "off", "ngram"), default="auto",
       help="in-process: speculative decoding by prompt lookup (auto: where it pays)")
     a("--speculative-tokens", type=int, default=8, help="in-process: the most tokens a sequence proposes per step")
@@ -114,7 +116,7 @@ def make_manager(args):
         record_token_timestamps=True, enable_prefix_cache=not args.no_prefix_cache,
         cuda_graph=not args.no_cuda_graph, kv_cache_tokens=args.kv_cache_tokens, seed=args.seed,
         stand_in_step_ms=args.stand_in_step_ms, before_step=before_step, speculative=args.speculative,
-        speculative_tokens=args.speculative_tokens)
+        speculative_tokens=args.speculative_tokens, quantization=args.quantization)
 
 
 ENGINE_COUNTERS = {"steps": "rosefast_engine_steps_total", "spec_proposed": "rosefast_spec_proposed_tokens_total",

@@ -9,11 +9,11 @@ ROSEFAST_NO_EXTENSIONS=1 selects. On CUDA: the twin with a Triton decode attenti
 Triton imports and ROSEFAST_TRITON is not 0, else the twin. All take and return the same tensors;
 `FOLLOWS_CONTEXT` says whether a flavour's decode reads a padded block table only up to each context.
 """
-import os
 
 import torch
 
 from rosefast._select import select
+from rosefast.config import process_setting
 from rosefast.models import _kernels_py as reference
 
 _impl = select("kernels", package="rosefast.models")
@@ -26,7 +26,7 @@ _cuda = []
 def cuda_flavour():
     if not _cuda:
         flavour = reference
-        if os.environ.get("ROSEFAST_TRITON", "1").strip() != "0":
+        if process_setting("ROSEFAST_TRITON"):
             try:
                 from rosefast.models import _kernels_triton as flavour
             except ImportError:

@@ -24,6 +24,7 @@ import logging
 import torch
 from torch import nn
 
+from rosefast.config import QUANTIZATION_MODES
 from rosefast.models import quant_ops
 from rosefast.models.gguf_blocks import GROUP, LINEARS, cached_blocks, dequantize_q8_0
 from rosefast.models.packed import PackedLinear
@@ -31,7 +32,6 @@ from rosefast.models.quant_tiles import dequantize_tiles, pack_tiles, unpack_til
 
 log = logging.getLogger("rosefast.engine")
 
-MODES = ("none", "int8", "int4", "auto")
 
 
 def block_kernels(setting="auto"):
@@ -229,8 +229,8 @@ def quantize_int8(weight):
 
 
 def check_mode(mode, device):
-    if mode not in MODES:
-        raise ValueError(f"quantization must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {mode!r}")
     if mode not in ("none", "auto") and device.type != "cpu":
         raise ValueError(f"quantization {mode!r} runs on CPU only here; on {device.type} use bf16 "
                          "(ROSEFAST_QUANTIZATION=none)")

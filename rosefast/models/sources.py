@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rosefast.config import process_setting
 from rosefast.models.families import FAMILIES
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -39,8 +40,7 @@ class ResolvedModel:
 
 def cache_root():
     """`$ROSEFAST_CACHE`, default ~/.cache/rosefast."""
-    root = os.environ.get("ROSEFAST_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "rosefast")
-    return Path(root)
+    return Path(process_setting("ROSEFAST_CACHE"))
 
 
 def check_architecture(model_type, where):
