@@ -18,6 +18,7 @@ from server.faults import fault_hooks
 from server.grammar_pool import GrammarPool
 from server.logprobs import TokenStrings
 from server.metrics import ENDPOINTS, Metrics, count_request
+from server.offhub import OffHub
 
 log = logging.getLogger("rosefast.server")
 ANTHROPIC_PATHS = "/v1/messages"   # the routes whose errors go out in Anthropic's shape
@@ -46,6 +47,7 @@ class State:
         self.manager = None
         self.metrics = Metrics(self)
         self.grammar_pool = GrammarPool(config.grammar_threads)
+        self.off_hub = OffHub(max(1, config.tokenize_workers))   # template rendering and encoding for the routes
         self.started = time.time()
         self.draining = False
         self.restart_worker = None   # set by gunicorn.conf.py: how the worker ends itself when its engine dies

@@ -43,8 +43,8 @@ def admit(state, translate):
     t0 = time.perf_counter()
     manager, body, gen = _translated(state, translate)
     context_len = manager.max_model_len
-    prompts = gen.prompts if gen.messages is None else \
-        [chat_prompt(manager, gen.messages, gen.tools, gen.template_kwargs, gen.names.get("messages", "messages"))]
+    prompts = gen.prompts if gen.messages is None else [state.off_hub.call(
+        chat_prompt, manager, gen.messages, gen.tools, gen.template_kwargs, gen.names.get("messages", "messages"))]
     wanted, calls = gen.grammar, gen.tools
     if calls is not None and calls.forced:   # "required" or a named function: held to one call by a grammar
         if wanted is not None:
@@ -67,7 +67,7 @@ def admit(state, translate):
         name = param_of(e)
         raise api_error(e, retry, gen.names.get(name, name) if name else
                         gen.names.get("messages", "messages") if gen.messages is not None else "prompt") from None
-    echoes = [p if isinstance(p, str) else manager.tokenizer.decode(p) for p in prompts] \
+    echoes = state.off_hub.call(lambda: [p if isinstance(p, str) else manager.tokenizer.decode(p) for p in prompts]) \
         if gen.options.echo else None
     stop_watch = disconnect.watch(request.environ, lambda: manager.abort(rid))
     reasoning = FAMILIES[manager.model.model_type].reasoning if gen.messages is not None else ()
@@ -82,8 +82,12 @@ def count_prompt_tokens(state, translate):
     """The prompt's length in tokens as `admit` would run it (the same translation and template), without
     running it."""
     manager, _, gen = _translated(state, translate)
-    prompt = chat_prompt(manager, gen.messages, gen.tools, gen.template_kwargs, gen.names.get("messages", "messages"))
-    return len(manager.tokenizer(prompt)["input_ids"])
+
+    def count():
+        field = gen.names.get("messages", "messages")
+        return len(manager.tokenizer(chat_prompt(manager, gen.messages, gen.tools, gen.template_kwargs, field))
+                   ["input_ids"])
+    return state.off_hub.call(count)
 
 
 def _translated(state, translate):

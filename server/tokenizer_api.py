@@ -45,24 +45,33 @@ def tokenize():
     if ("prompt" in body) == ("messages" in body):
         raise bad_request("give exactly one of 'prompt' or 'messages'", "prompt")
     tok = manager.tokenizer
+    strs = _flag(body, "return_token_strs", False)
     if "messages" in body:
         messages = openai_api.chat_messages(body)
-        try:
-            text = tok.apply_chat_template(messages, tokenize=False,
-                                           add_generation_prompt=_flag(body, "add_generation_prompt", True))
-        except Exception as e:  # noqa: BLE001 - the template refuses these messages: the client's error
-            raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None
+        generation_prompt = _flag(body, "add_generation_prompt", True)
         special = _flag(body, "add_special_tokens", False)
+        text = None
     else:
         prompts = openai_api.completion_prompts({"prompt": body["prompt"]})
         if len(prompts) != 1 or not isinstance(prompts[0], str):
             raise bad_request("'prompt' must be one string", "prompt")
         text = prompts[0]
         special = _flag(body, "add_special_tokens", True)
-    ids = tok(text, add_special_tokens=special)["input_ids"]
+
+    def work():   # on the off-hub pool: the template, the encoding and the token strings
+        rendered = text
+        if rendered is None:
+            try:
+                rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+            except Exception as e:  # noqa: BLE001 - the template refuses these messages: the client's error
+                raise bad_request(f"the chat template cannot render these messages: {e}", "messages") from None
+        ids = tok(rendered, add_special_tokens=special)["input_ids"]
+        return ids, tok.convert_ids_to_tokens(ids) if strs else None
+
+    ids, token_strs = state.off_hub.call(work)
     out = {"tokens": ids, "count": len(ids), "max_model_len": manager.max_model_len}
-    if _flag(body, "return_token_strs", False):
-        out["token_strs"] = tok.convert_ids_to_tokens(ids)
+    if strs:
+        out["token_strs"] = token_strs
     return json_response(out)
 
 
@@ -76,7 +85,7 @@ def detokenize():
     if not (isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
                                              for t in tokens)):
         raise bad_request(f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
-    return json_response({"prompt": manager.tokenizer.decode(tokens)})
+    return json_response({"prompt": state.off_hub.call(manager.tokenizer.decode, tokens)})
 
 
 @bp.get("/tokenizer_info")

@@ -519,3 +519,30 @@ def test_a_client_that_stops_reading_has_its_stream_ended_and_its_request_aborte
     finally:
         sock.close()
     assert beside.whole(64) and beside.itl_p50() < itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)
+
+
+def test_a_megabyte_prompt_on_the_tokenizer_endpoints_does_not_hold_the_other_streams(timeouts_server, tiny_llama):
+    """/tokenize, /detokenize and count_tokens render and encode on a pool thread, not on the gevent hub: while
+    ~0.9 MB prompts are encoded (the encode alone takes t_encode, measured here on the same text), a bystander's
+    stream keeps coming; on the hub each encode would stop it for about t_encode. The bound is a share of that
+    same measurement, so it holds on a fast machine and a slow one alike."""
+    from rosefast.models import load_tokenizer
+
+    s = timeouts_server
+    words = ["stream", "token", "batch", "merge", "queue", "kernel", "cache", "prefill"]
+    text = " ".join(words[i * 7 % 8] + str(i % 97) for i in range(95_000))
+    tok = load_tokenizer(tiny_llama)
+    t = time.perf_counter()
+    ids = tok(text)["input_ids"]
+    t_encode = time.perf_counter() - t
+    with Bystander(s, tokens=400) as beside:
+        time.sleep(0.2)   # (the bystander's stream under way)
+        answers = [requests.post(s.url + "/tokenize", json={"prompt": text}, timeout=60) for _ in range(2)]
+        answers.append(requests.post(s.url + "/v1/messages/count_tokens", timeout=60,
+                                     json={"model": "tiny", "messages": [{"role": "user", "content": text}]}))
+        answers.append(requests.post(s.url + "/detokenize", json={"tokens": ids[:100_000]}, timeout=60))
+    assert [a.status_code for a in answers] == [200] * 4
+    assert answers[0].json()["tokens"] == ids and answers[3].json()["prompt"] == tok.decode(ids[:100_000])
+    assert answers[2].json()["input_tokens"] > len(ids)
+    assert beside.whole(400)
+    assert max(beside.gaps) < 0.5 * t_encode, (max(beside.gaps), t_encode)
