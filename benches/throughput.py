@@ -16,7 +16,7 @@ import torch
 
 from benches.decode_step import floor_step, plain_linears, timed
 from rosefast.config import EngineConfig
-from rosefast.engine.device import resolve_dtype
+from rosefast.device import resolve_dtype
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling import SamplingParams
 from rosefast.models import load_hf_model, load_tokenizer, resolve_model

@@ -11,7 +11,7 @@ import time
 
 from rosefast._native import native_lock, start_native_thread
 from rosefast.detok import IncrementalDetokenizer
-from rosefast.engine.device import is_fatal_device_error
+from rosefast.device import is_fatal_device_error
 from rosefast.engine.grammar import GrammarError
 from rosefast.errors import EngineDeadError, EngineError, ShutdownError
 from rosefast.outbox import StepBatch

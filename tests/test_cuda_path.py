@@ -236,7 +236,7 @@ def test_decode_graph_bookkeeping_matches_eager_steps(tiny_llama, monkeypatch):
     from rosefast.engine.cuda_graph import DecodeGraphs
     from tests.paged import BlockPool
 
-    monkeypatch.setattr(kernels, "_impl", kernels.reference)   # the twin, which needs a ladder of widths
+    monkeypatch.setattr(kernels, "impl", kernels.reference)   # the twin, which needs a ladder of widths
     config = EngineConfig(model=tiny_llama, dtype="float32", device="cpu", kv_cache_tokens=4096, max_model_len=512,
                           block_size=16, max_batch_size=8)
     eager, replayed = ModelRunner(config), ModelRunner(config)

@@ -182,6 +182,6 @@ def test_whole_model_same_logits_on_both_flavours(compiled, monkeypatch, arch):
     tok = load_tokenizer(model)
     prompts = [tok(t).input_ids for t in TEXTS]
     fast = run_ours(runner_for(model), prompts, 6)
-    monkeypatch.setattr(kernels, "_impl", twin)
+    monkeypatch.setattr(kernels, "impl", twin)
     ref = run_ours(runner_for(model), prompts, 6, next_tokens=[[int(s[-1].argmax()) for s in seq[:-1]] for seq in fast])
     assert max_abs_diff(fast, ref) < 1e-4

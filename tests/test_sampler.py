@@ -25,8 +25,8 @@ DRAWS = 20_000
 def ops(request, monkeypatch):
     """Run the test on the compiled sampling kernels and on their torch twin."""
     if request.param == "py":
-        monkeypatch.setattr(sample_ops, "_impl", _sample_ops_py)
-    elif sample_ops._impl is _sample_ops_py:
+        monkeypatch.setattr(sample_ops, "impl", _sample_ops_py)
+    elif sample_ops.impl is _sample_ops_py:
         if REQUIRE_EXTENSIONS:
             raise AssertionError("the compiled sampling kernels are not built")
         pytest.skip("compiled sampling kernels not built")

@@ -10,7 +10,7 @@ import pytest
 import requests
 import torch
 
-from rosefast.engine.device import resolve_device
+from rosefast.device import resolve_device
 from server.config import ConfigError, server_config_from_env
 from tests.serving import Server, tiny_env
 

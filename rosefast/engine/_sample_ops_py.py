@@ -3,7 +3,7 @@ other dtypes. Same arguments and results as the compiled flavour (draws agree bu
 boundary)."""
 import torch
 
-from rosefast.engine.device import upload   # per-row values onto the logits' device
+from rosefast.device import upload   # per-row values onto the logits' device
 
 _NEG_INF = float("-inf")
 

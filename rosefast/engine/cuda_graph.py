@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from rosefast.engine.device import copy_in, host_values
+from rosefast.device import copy_in, host_values
 from rosefast.models import kernels
 
 log = logging.getLogger("rosefast.engine")

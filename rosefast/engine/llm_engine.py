@@ -9,7 +9,7 @@ import torch
 
 from rosefast.config import EngineConfig
 from rosefast.engine.block_manager import BlockManager
-from rosefast.engine.device import is_fatal_device_error, upload
+from rosefast.device import is_fatal_device_error, upload
 from rosefast.engine.grammar import GrammarError, GrammarMasks, Grammars, panic_error
 from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampling import SamplingParams

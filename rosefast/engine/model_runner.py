@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from rosefast.engine.device import resolve_device, resolve_dtype, upload, use_device
+from rosefast.device import resolve_device, resolve_dtype, upload, use_device
 from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampler import Sampler
-from rosefast.models._kernels_py import GatherWorkspace
+from rosefast.models.kernels import GatherWorkspace
 from rosefast.models.layers import AttentionMetadata, long_rope_switch, rope_index
 from rosefast.models.loader import load_model
 from rosefast.models.packed import pack_linears

@@ -12,14 +12,14 @@ import torch
 from rosefast._select import select
 from rosefast.engine import _sample_ops_py as reference
 
-_impl = select("sample_ops", package="rosefast.engine")
+impl = select("sample_ops", package="rosefast.engine")
 _COMPILED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def for_tensor(x):
     """The flavour that runs on x's device and dtype."""
-    if _impl is not reference and x.is_cpu and x.dtype in _COMPILED_DTYPES and x.is_contiguous():
-        return _impl
+    if impl is not reference and x.is_cpu and x.dtype in _COMPILED_DTYPES and x.is_contiguous():
+        return impl
     return reference
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rosefast.engine import sample_ops
-from rosefast.engine.device import upload
+from rosefast.device import upload
 
 _NEG_INF = float("-inf")
 _MASK32 = 0xFFFFFFFF

@@ -12,7 +12,7 @@ flavour does each call under the GIL without releasing it; the pure twin takes a
 """
 from rosefast._select import select
 
-_impl = select("admission")
-AdmissionCounter = _impl.AdmissionCounter
+impl = select("admission")
+AdmissionCounter = impl.AdmissionCounter
 
 __all__ = ["AdmissionCounter"]

@@ -24,8 +24,8 @@ per take), which is what the engine thread / greenlet split relies on.
 """
 from rosefast._select import select
 
-_impl = select("collector")
-StreamChunk = _impl.StreamChunk
-StreamOutputCollector = _impl.StreamOutputCollector
+impl = select("collector")
+StreamChunk = impl.StreamChunk
+StreamOutputCollector = impl.StreamOutputCollector
 
 __all__ = ["StreamChunk", "StreamOutputCollector"]

@@ -14,8 +14,8 @@ StreamOutputCollector. Called from the engine thread (and from whichever thread 
 """
 from rosefast._select import select
 
-_impl = select("fanout")
-publish = _impl.publish
-fail = _impl.fail
+impl = select("fanout")
+publish = impl.publish
+fail = impl.fail
 
 __all__ = ["fail", "publish"]

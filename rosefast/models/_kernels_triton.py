@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rosefast.engine.device import upload
+from rosefast.device import upload
 
 from rosefast.models._kernels_py import decode_shapes, rms_norm, silu_mul, store_kv  # noqa: F401 (the flavour's API)
 

@@ -16,7 +16,9 @@ from rosefast._select import select
 from rosefast.config import process_setting
 from rosefast.models import _kernels_py as reference
 
-_impl = select("kernels", package="rosefast.models")
+GatherWorkspace = reference.GatherWorkspace   # the torch twin's decode gather buffers (the runner keeps one)
+
+impl = select("kernels", package="rosefast.models")
 _COMPILED_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -39,8 +41,8 @@ def for_device(device, dtype):
     """The flavour that runs on this device and dtype."""
     if device.type == "cuda":
         return cuda_flavour()
-    if _impl is not reference and device.type == "cpu" and dtype in _COMPILED_DTYPES:
-        return _impl
+    if impl is not reference and device.type == "cpu" and dtype in _COMPILED_DTYPES:
+        return impl
     return reference
 
 
