@@ -1,6 +1,6 @@
 """The tokenizer over HTTP, with vLLM's names and fields (lm-evaluation-harness's remote tokenizer uses them):
 POST /tokenize, POST /detokenize, GET /tokenizer_info. Behind the API key when one is set."""
-from flask import Blueprint, current_app, request
+from flask import Blueprint, current_app
 
 from rosefast.errors import NotReadyError
 from server import openai_api
