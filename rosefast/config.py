@@ -45,7 +45,7 @@ class EngineConfig:
                                            # (weights, activations, graphs); the KV cache gets what is left
     max_model_len: int = 0             # 0: the model's context length
     max_batch_size: int = 64           # decode batch (max running requests)
-    max_active_requests: int = 0       # requests admitted into the engine at once; 0: max_batch_size
+    max_active_requests: int = 0       # sequences running at once, at most max_batch_size; 0: max_batch_size
     prefill_max_batch_size: int = 16   # sequences per prefill step
     max_num_batched_tokens: int = 2048 # tokens per prefill step (longer prompts are prefilled in chunks)
     enable_prefix_cache: bool = True
@@ -75,6 +75,9 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.max_active_requests > self.max_batch_size:   # it can only lower the running batch
+            raise ValueError(f"max_active_requests must be at most max_batch_size ({self.max_batch_size}): it caps "
+                             f"the sequences running at once below the decode batch; got {self.max_active_requests}")
         if isinstance(self.stand_in_step_ms, bool) or not isinstance(self.stand_in_step_ms, (int, float)) \
                 or not 0 <= self.stand_in_step_ms <= 60_000:
             raise ValueError(f"stand_in_step_ms must be a number of milliseconds in [0, 60000], "

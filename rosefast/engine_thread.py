@@ -89,11 +89,12 @@ class EngineThread:
 
     def _load(self):
         from rosefast.engine.llm_engine import LLMEngine
-        from rosefast.models import load_tokenizer
+        from rosefast.models import load_tokenizer, resolve_model
 
-        engine = LLMEngine(self.config, before_step=self._before_step)
-        tokenizer = self._tokenizer_override or load_tokenizer(engine.model)
-        if self._wrap_tokenizer is not None:
+        model = resolve_model(self.config.model)
+        tokenizer = self._tokenizer_override or load_tokenizer(model)   # the worker's one tokenizer: the engine's
+        engine = LLMEngine(self.config, before_step=self._before_step, tokenizer=tokenizer)   # (its grammars') too
+        if self._wrap_tokenizer is not None:   # (fault injection: the prompts' encoding only)
             tokenizer = self._wrap_tokenizer(tokenizer)
         self.model, self.tokenizer = engine.model, tokenizer
         self._decoder = tokenizer.backend_tokenizer

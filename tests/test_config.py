@@ -49,7 +49,8 @@ def test_every_field_has_its_variable_and_its_readme_row_with_the_default():
 
 @pytest.mark.parametrize("field, value", [("max_inflight_requests", -1), ("max_output_entries", 0),
                                           ("grammar_threads", 0), ("body_timeout_s", 0.0),
-                                          ("generation_config", "sometimes"), ("max_batch_size", 0)])
+                                          ("generation_config", "sometimes"), ("max_batch_size", 0),
+                                          ("max_active_requests", 65)])
 def test_a_config_built_in_code_is_checked_as_one_from_the_environment(field, value):
     from server.config import ServerConfig
 

@@ -54,9 +54,11 @@ class LLMEngine:
     `before_step(step_number, request_ids)`, when given, runs after scheduling and before the forward
     pass (fault injection, profiler ranges); an exception from it fails that step's requests. `runner`: one
     the caller built (the FakeTensorMode checks of the CUDA path), instead of loading the config's model.
+    `tokenizer`: the one the caller already has for this model (the serving core's: one per worker), else the
+    model's own, loaded on first use.
     """
 
-    def __init__(self, config=None, *, before_step=None, runner=None, **kwargs):
+    def __init__(self, config=None, *, before_step=None, runner=None, tokenizer=None, **kwargs):
         self.config = config or EngineConfig.from_kwargs(**kwargs)
         self.model = resolve_model(self.config.model)   # the config keeps the spec it was given
         self.runner = runner or (StandInRunner(self.config, self.model) if self.model.source == STAND_IN
@@ -71,7 +73,7 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seeds = random.Random(self.config.seed)   # the seed of each request that brings none
         self.forks = 0   # choices forked from another's prefill
-        self._tokenizer = None
+        self._tokenizer = tokenizer
         self._grammars = None
         self._masks = GrammarMasks(self.args.vocab_size)   # llguidance's threads start with the first grammar
         self._row_errors = {}   # request id -> the error its row failed with alone this step (its grammar refused
