@@ -16,8 +16,8 @@ import argparse
 import time
 
 from rosefast.bench.stats import percentile
-from rosefast.engine.sampling import SamplingParams
-from rosefast.manager import SchedulerManager
+from rosefast.engine.sampling_params import SamplingParams
+from rosefast.serving.manager import SchedulerManager
 
 
 def timed_at(call, target, out):

@@ -12,7 +12,7 @@ import torch
 from benches.schemas import SCHEMAS
 from rosefast.engine.grammar import GrammarMasks, Grammars
 from rosefast.engine.sampler import Sampler
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.sequence import Sequence
 from rosefast.models import load_tokenizer, resolve_model
 

@@ -13,7 +13,7 @@ import time
 import torch
 
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models import resolve_model
 from rosefast.models.quant import BlockLinear, Int4Linear, Int8Linear
 from rosefast.models.quant_ops import pick

@@ -6,7 +6,7 @@ import torch
 
 from benches.row_sampler import RowSampler
 from rosefast.engine.sampler import Sampler
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.sequence import Sequence
 
 VOCAB = 49152

@@ -1,10 +1,10 @@
 """Stop strings: the cost of one token's text (4 characters) on the engine thread, by stop set — none, one
 short string, and the most a request may send (16 strings of 256 characters) — with the automaton the
-detokenizer runs (rosefast.stops) beside the scan it replaced (every stop string searched in the held text
+detokenizer runs (rosefast.serving.stops) beside the scan it replaced (every stop string searched in the held text
 and every prefix of each tested against its end, per token)."""
 import pytest
 
-from rosefast.detok import IncrementalDetokenizer
+from rosefast.serving.detok import IncrementalDetokenizer
 
 TEXT = ("The quick brown fox jumps over the lazy dog while the answer waits for its closing tag. " * 30)
 TOKENS = [TEXT[i:i + 4] for i in range(0, len(TEXT), 4)]

@@ -18,7 +18,7 @@ from benches.decode_step import floor_step, plain_linears, timed
 from rosefast.config import EngineConfig
 from rosefast.device import resolve_dtype
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models import load_hf_model, load_tokenizer, resolve_model
 
 TOPICS = ["the ocean", "a red bicycle", "quantum computing", "bread baking", "the moon", "a lost key", "jazz",

@@ -5,7 +5,7 @@ import sys
 
 def _generate(args):
     from rosefast.engine.llm_engine import LLMEngine
-    from rosefast.engine.sampling import SamplingParams
+    from rosefast.engine.sampling_params import SamplingParams
 
     engine = LLMEngine(model=args.model, dtype=args.dtype, kv_cache_tokens=4096)
     prompt = args.prompt

@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from rosefast import flavour_warning
 from rosefast._native import native_rlock
-from rosefast.manager import SchedulerManager
+from rosefast.serving.manager import SchedulerManager
 from server.auth import authorized
 from server.config import server_config_from_env
 from server.errors import APIError

@@ -3,9 +3,9 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from rosefast.histogram import LATENCY_BOUNDS, Histogram
+from rosefast.serving.histogram import LATENCY_BOUNDS, Histogram
 
-# name -> help of the latency histograms observed by the streams (rosefast.histogram: no lock per event)
+# name -> help of the latency histograms observed by the streams (rosefast.serving.histogram: no lock per event)
 LATENCIES = {"ttft": ("rosefast_ttft_seconds", "request arrival to first token"),
              "itl": ("rosefast_itl_seconds", "gap between a request's consecutive streamed events"),
              "e2e": ("rosefast_e2e_seconds", "request arrival to its last token")}

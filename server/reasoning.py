@@ -9,7 +9,7 @@ one (rosefast.models.families: Family.reasoning). The chat routes return it as t
 A choice whose text does not begin (after white space) with the opening tag is all content. Text that could
 still be the start of a tag is held back until it is known.
 """
-from rosefast.stops import stop_automaton
+from rosefast.serving.stops import stop_automaton
 
 
 class ReasoningSplit:

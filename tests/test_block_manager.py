@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 
 SHARED = list(range(500, 532))   # a common 32-token prefix, so the prefix cache is exercised
 

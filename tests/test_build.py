@@ -82,7 +82,7 @@ def test_the_specified_commands_serve_the_compiled_flavour_from_the_checkout(tmp
     src = _copy_of_the_checkout(tmp_path / "clone")
     flavours, warning = _flavour_report(src)
     assert set(flavours.values()) == {"pure"}
-    assert "pure-Python twins of 7 of 7" in warning and f"`pip install -e .`" in warning and str(src) in warning
+    assert "pure-Python twins of 7 of 7" in warning and "`pip install -e .`" in warning and str(src) in warning
 
     s = Server({"ROSEFAST_MODEL": "stand-in", "ROSEFAST_STAND_IN_STEP_MS": 1}, cwd=src)
     try:

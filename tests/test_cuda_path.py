@@ -21,7 +21,7 @@ from rosefast.engine.cuda_graph import ladder, pick, width_ladder
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampler import SampleResult
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.sequence import Sequence
 from rosefast.models import kernels
 from rosefast.models.loader import load_model

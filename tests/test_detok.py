@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rosefast.detok import IncrementalDetokenizer
-from rosefast.stops import StopAutomaton
+from rosefast.serving.detok import IncrementalDetokenizer
+from rosefast.serving.stops import StopAutomaton
 from rosefast.models import load_tokenizer
 
 MULTIBYTE = "Hi 🚀 東京タワー, naïve café — 👩‍👩‍👧 ok, Ελληνικά and עברית!"

@@ -1,6 +1,6 @@
 """The lock-free histogram behind the latency and backlog-depth metrics."""
 
-from rosefast.histogram import DEPTH_BOUNDS, Histogram
+from rosefast.serving.histogram import DEPTH_BOUNDS, Histogram
 
 
 def test_histogram_counts_each_value_in_the_first_bucket_at_or_above_it():

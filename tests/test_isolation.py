@@ -2,13 +2,13 @@
 (its blocks freed), and the rows beside it get every token they would have had without it."""
 import pytest
 
-from rosefast import engine_thread
-from rosefast.detok import IncrementalDetokenizer
+from rosefast.serving import engine_thread
+from rosefast.serving.detok import IncrementalDetokenizer
 from rosefast.engine import sampler as sampler_module
 from rosefast.engine.llm_engine import SEED_SPAN, LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.errors import EngineError
-from rosefast.manager import SchedulerManager
+from rosefast.serving.manager import SchedulerManager
 
 BYSTANDERS = {"seeded": ([1, 2, 3, 4, 5], SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True)),
               "penalized": ([9, 8, 7], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,

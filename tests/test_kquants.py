@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as T
 
 from tests.gguf_writer import quantize, write_llama_gguf
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models import _quant_ops_py, gguf_blocks, quant_ops
 from rosefast.models.quant import BlockEmbedding, BlockLinear, Int4Linear, Int8Linear
 from rosefast.models.quant_tiles import dequantize_tiles, pack_tiles

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from benches.lm_eval_wall import mc_task
 from tests.serving import Server, tiny_env
 

@@ -11,10 +11,10 @@ import time
 import pytest
 
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.errors import EngineError, OverloadedError, ShutdownError
-from rosefast import manager as manager_module
-from rosefast.manager import SchedulerManager
+from rosefast.serving import manager as manager_module
+from rosefast.serving.manager import SchedulerManager
 from rosefast.models import load_tokenizer
 
 WORDS = ["apple", "river", "quantum", "violet", "castle", "engine", "meadow", "signal", "harbor", "pixel"]
@@ -82,7 +82,7 @@ def test_add_request_returns_before_encode_with_workers(tiny_llama):
 
 
 def test_workers_encode_through_the_rust_backend_with_the_same_ids(tiny_llama):
-    from rosefast.tokenize_pool import batch_encoder
+    from rosefast.serving.tokenize_pool import batch_encoder
 
     tok = load_tokenizer(tiny_llama)
     prompts = ["hello " * 256, "Héllo 世界 🙂 <|im_start|>user\nhi<|im_end|>", " leading space", "a\n\nb\tc"]
@@ -336,7 +336,7 @@ def test_engine_runs_in_a_native_thread_under_gevent(tiny_llama):
         import sys, gevent
         sys.setswitchinterval(0.0005)
         native_id = monkey.get_original("_thread", "get_native_id")
-        from rosefast.manager import SchedulerManager
+        from rosefast.serving.manager import SchedulerManager
         ticks, seen = [0], []
         def before_step(n, request_ids):   # on the engine thread
             seen.append((native_id(), ticks[0]))

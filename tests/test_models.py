@@ -191,7 +191,7 @@ def test_a_sliding_window_is_served_past_it_as_hugging_face_generates(default_mo
     local layer's), the whole context served: greedy tokens are Hugging Face's, in chunked prefills of 5 tokens
     and again from the prefix cache."""
     from rosefast.engine.llm_engine import LLMEngine
-    from rosefast.engine.sampling import SamplingParams
+    from rosefast.engine.sampling_params import SamplingParams
 
     model = tiny_random(family, sliding_window=8)
     tok = load_tokenizer(model)
@@ -229,7 +229,7 @@ def test_long_rope_switches_factors_as_hugging_face_does_and_keeps_them_apart_in
     ones) and a prompt longer than the switch (every key long) each give Hugging Face's greedy tokens, in either
     order through one prefix cache (a short prompt's blocks are not a long one's, though their tokens match)."""
     from rosefast.engine.llm_engine import LLMEngine
-    from rosefast.engine.sampling import SamplingParams
+    from rosefast.engine.sampling_params import SamplingParams
 
     model = tiny_random("phi3", partial_rotary_factor=0.75, original_max_position_embeddings=64,
                         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,

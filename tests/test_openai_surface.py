@@ -8,7 +8,7 @@ import pytest
 import requests
 
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from tests.serving import Server, client, offline, server, tiny_env  # noqa: F401 - the shared fixtures
 
 
@@ -162,7 +162,7 @@ def test_a_list_of_prompts_takes_a_slot_each_all_or_none(tiny_llama):
 
 
 def test_n_forks_from_one_prefill_shares_blocks_and_frees_them(tiny_llama):
-    from rosefast.manager import SchedulerManager
+    from rosefast.serving.manager import SchedulerManager
 
     with SchedulerManager(model=tiny_llama, dtype="float32", kv_cache_tokens=4096, block_size=4) as m:
         prompt = m.tokenizer("a prompt long enough to fill a few blocks of four").input_ids

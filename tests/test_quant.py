@@ -13,7 +13,7 @@ from gguf import quants
 
 from rosefast.config import EngineConfig
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models.args import load_model_args
 from rosefast.models.llama import llama_state_dict
 from rosefast.models.loader import read_hf_state_dict

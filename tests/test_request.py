@@ -2,10 +2,10 @@
 import sys
 import threading
 
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.frontend.admission import AdmissionCounter
 from rosefast.frontend.waker import ThreadWaker
-from rosefast.request import RequestTable
+from rosefast.serving.request import RequestTable
 
 
 def test_release_gives_the_slot_back_once_per_record_under_racing_threads():

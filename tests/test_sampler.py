@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rosefast.engine import _sample_ops_py, sample_ops
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampler import Sampler, seeded_uniform
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.sequence import Sequence
 from tests.conftest import REQUIRE_EXTENSIONS
 
@@ -400,7 +400,7 @@ def test_the_submit_paths_fast_check_covers_every_field():
     of that is built from the dataclass's fields, so a new field cannot be left unchecked."""
     from dataclasses import fields
 
-    from rosefast.engine import sampling
+    from rosefast.engine import sampling_params as sampling
 
     odd = {"int": 7, "float": 0.5, "NoneType": {"x": 1}, "bool": True, "tuple": ("x",)}
     plain = SamplingParams()

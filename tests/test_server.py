@@ -9,7 +9,7 @@ import openai
 import pytest
 import requests
 
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from tests.serving import Server, client, offline, server, tiny_env  # noqa: F401 - the shared fixtures
 
 

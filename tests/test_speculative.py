@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.sequence import Sequence, SequenceStatus
 from rosefast.engine.speculation import PRIOR_ROW_SHARE, NgramIndex, StepCost, Speculator
 from rosefast.models import load_tokenizer
@@ -277,7 +277,7 @@ def test_proposals_are_cut_where_the_grammar_forbids_them(tiny_llama, tok):
 
 
 def test_stop_strings_logprobs_and_usage_through_the_serving_layer_equal_decoding_without(tiny_llama):
-    from rosefast.manager import SchedulerManager
+    from rosefast.serving.manager import SchedulerManager
 
     def run(mode, **kw):
         m = SchedulerManager(model=tiny_llama, dtype="float32", kv_cache_tokens=8192, block_size=8, speculative=mode)
@@ -319,7 +319,7 @@ def test_over_http_the_default_server_speculates_and_gives_the_tokens_it_gives_w
 
     from tests.serving import Server, tiny_env
 
-    from rosefast.manager import SchedulerManager
+    from rosefast.serving.manager import SchedulerManager
 
     prompt = list(range(200, 230)) * 3
     off = SchedulerManager(model=tiny_llama, dtype="float32", kv_cache_tokens=4096, speculative="off")

@@ -12,7 +12,7 @@ from benches.schemas import SCHEMAS, SINGLE_PATH
 from rosefast.engine import _sample_ops_py, sample_ops
 from rosefast.engine.grammar import GrammarError
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from tests.conftest import REQUIRE_EXTENSIONS
 
 PROMPTS = ["Describe it as JSON:", "x", "The order was"]

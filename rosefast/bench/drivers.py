@@ -69,7 +69,7 @@ def run_arrivals(args, prompts, submit):
 
 def run_inprocess(manager, args, prompts, progress=None):
     """One consumer thread per request reads its stream; the arrival loop only admits and hands over."""
-    from rosefast.engine.sampling import SamplingParams
+    from rosefast.engine.sampling_params import SamplingParams
     from rosefast.errors import OverloadedError
 
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -99,7 +99,7 @@ def _model_spec(args):
 
 
 def make_manager(args):
-    from rosefast.manager import SchedulerManager
+    from rosefast.serving.manager import SchedulerManager
 
     before_step = None
     if args.nvtx:

@@ -12,7 +12,7 @@ from rosefast.engine.block_manager import BlockManager
 from rosefast.device import is_fatal_device_error, upload
 from rosefast.engine.grammar import GrammarError, GrammarMasks, Grammars, panic_error
 from rosefast.engine.model_runner import ModelRunner, SeqInput
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence, SequenceStatus
 from rosefast.engine.speculation import Speculator

@@ -8,7 +8,7 @@ outputs as parallel lists — a key per entry (what the caller wants back: the e
 requests' waker signals), the request's StreamOutputCollector, and its delta; None for
 `finished`/`finish_reasons` means "none finished" for the whole step — and returns the keys whose
 collectors went from empty to ready, in step order. `fail(keys, collectors, exc)` fails those streams
-the same way. The fan-out holds no state: the request record (rosefast.request) holds the collector.
+the same way. The fan-out holds no state: the request record (rosefast.serving.request) holds the collector.
 The compiled flavour loops in C and calls no Python function per token; it takes only the compiled
 StreamOutputCollector. Called from the engine thread (and from whichever thread fails a request).
 """

@@ -6,7 +6,7 @@ import time
 from rosefast._native import native_lock, start_native_thread
 from rosefast.errors import EngineError
 
-log = logging.getLogger("rosefast.manager")
+log = logging.getLogger("rosefast.serving.manager")
 MAX_BATCH = 32
 _STOP = object()
 
@@ -25,7 +25,7 @@ def batch_encoder(tokenizer):
 
 class TokenizePool:
     """`submit(record, prompt)`; `on_done(record, ids, t_done)` / `on_error(record, exc)` are called from a
-    worker thread (a record is the request's rosefast.request.Request)."""
+    worker thread (a record is the request's rosefast.serving.request.Request)."""
 
     def __init__(self, tokenizer, workers, on_done, on_error):
         self._encode_batch = batch_encoder(tokenizer)

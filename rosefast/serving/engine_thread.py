@@ -10,11 +10,11 @@ import logging
 import time
 
 from rosefast._native import native_lock, start_native_thread
-from rosefast.detok import IncrementalDetokenizer
+from rosefast.serving.detok import IncrementalDetokenizer
 from rosefast.device import is_fatal_device_error
 from rosefast.engine.grammar import GrammarError
 from rosefast.errors import EngineDeadError, EngineError, ShutdownError
-from rosefast.outbox import StepBatch
+from rosefast.serving.outbox import StepBatch
 
 log = logging.getLogger("rosefast.engine")
 

@@ -2,12 +2,12 @@
 
 Text that could still turn into a stop string is held back until it either completes one (the stream
 ends there; the stop string itself is not emitted unless asked) or can no longer (it is released). The
-stop strings are matched by one automaton per stop set (rosefast.stops): a token's cost is its own
+stop strings are matched by one automaton per stop set (rosefast.serving.stops): a token's cost is its own
 characters, not the number or length of the stop strings.
 """
 from tokenizers.decoders import DecodeStream
 
-from rosefast.stops import stop_automaton
+from rosefast.serving.stops import stop_automaton
 
 PROMPT_CONTEXT = 4   # prompt tokens given to the stream so the first output token decodes in context
 

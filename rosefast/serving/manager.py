@@ -7,7 +7,7 @@
     manager.close()
 
 `add_request` checks admission first (over `max_inflight_requests` it raises OverloadedError before an
-id is made or a token encoded), then makes the request's record (rosefast.request: the one place its
+id is made or a token encoded), then makes the request's record (rosefast.serving.request: the one place its
 state lives) with its id and collector; with
 `tokenize_workers > 0` the prompt is encoded by native worker threads, otherwise inline; pre-tokenized
 prompts (`prompt_token_ids`) skip tokenization. The engine runs in its own native thread. Each request's
@@ -23,16 +23,16 @@ import gc
 import time
 
 from rosefast.config import EngineConfig
-from rosefast.engine.sampling import SamplingParams
-from rosefast.engine_thread import EngineThread
+from rosefast.engine.sampling_params import SamplingParams
+from rosefast.serving.engine_thread import EngineThread
 from rosefast.errors import EngineError, NotReadyError, OverloadedError, ShutdownError
 from rosefast.frontend.admission import AdmissionCounter
 from rosefast.frontend.waker import GeventWaker, ThreadWaker
-from rosefast.histogram import DEPTH_BOUNDS, Histogram
-from rosefast.outbox import Outbox
-from rosefast.request import RequestTable
-from rosefast.timing import RequestTiming
-from rosefast.tokenize_pool import TokenizePool
+from rosefast.serving.histogram import DEPTH_BOUNDS, Histogram
+from rosefast.serving.outbox import Outbox
+from rosefast.serving.request import RequestTable
+from rosefast.serving.timing import RequestTiming
+from rosefast.serving.tokenize_pool import TokenizePool
 
 WAIT_SLICE = 0.5   # a consumer re-checks for shutdown this often while it waits (unless its waker says otherwise)
 _gc_frozen_by = set()   # ids of the open managers that froze the startup objects
