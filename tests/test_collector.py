@@ -352,3 +352,93 @@ def test_one_argument_methods_are_positional_only_in_both_flavours(mod):
         c.put_nowait(chunk=mod.StreamChunk([1], "a", False, None))
     assert c.get_nowait() is None and c.merges == 0
 
+
+
+@pytest.mark.parametrize("depth", [1, 3, 40])
+def test_logprobs_ride_with_their_tokens_merged_or_not(mod, depth):
+    """Each token's logprob entry is merged with it: a take at any backlog depth has exactly its tokens' entries,
+    in order (what a lagging consumer reads equals what an unlagging one reads); the producer's lists are not
+    touched; a chunk of a request that asked for none has None."""
+    deltas = make_stream(depth * 4)
+    entries = [[(-0.1 * t, [(t, -0.1 * t)]) for t in d[0]] for d in deltas]
+    sent = [list(e) for e in entries]
+    collector = mod.StreamOutputCollector()
+    got = []
+    for i, (d, e) in enumerate(zip(deltas, entries)):
+        collector.put(*d, e)
+        if (i + 1) % depth == 0:
+            got.append(collector.get_nowait())
+    while (c := collector.get_nowait()) is not None:
+        got.append(c)
+    assert [t for c in got for t in c.token_ids] == unmerged(deltas)[0]
+    assert [e for c in got for e in c.logprobs] == [e for es in sent for e in es]
+    assert all(len(c.logprobs) == len(c.token_ids) for c in got)
+    assert entries == sent                                   # the producer's lists as they were
+    plain = mod.StreamOutputCollector()
+    plain.put([1, 2], "ab", False, None)
+    plain.put_nowait(mod.StreamChunk([3], "c", True, "stop"))
+    assert plain.get_nowait().logprobs is None
+
+
+def test_a_chunk_with_logprobs_merges_them_through_put_nowait(mod):
+    collector = mod.StreamOutputCollector()
+    first = mod.StreamChunk([1, 2], "ab", False, None)
+    first.logprobs = [-1.0, -2.0]
+    second = mod.StreamChunk([3], "c", True, "stop")
+    second.logprobs = (-3.0,)
+    collector.put_nowait(first)
+    collector.put_nowait(second)
+    chunk = collector.get_nowait()
+    assert chunk.logprobs == [-1.0, -2.0, -3.0] and type(chunk.logprobs) is list and chunk.merged == 1
+
+
+@pytest.mark.parametrize("logprobs, error", [([-1.0], ValueError), ([-1.0, -2.0, -3.0], ValueError),
+                                             ({0: -1.0, 1: -2.0}, TypeError), ("ab", TypeError)])
+def test_logprobs_that_do_not_line_up_with_the_tokens_are_refused_and_keep_what_waits(mod, logprobs, error):
+    collector = mod.StreamOutputCollector()
+    collector.put([7], "x", False, None, [-0.5])
+    with pytest.raises(error):
+        collector.put([8, 9], "yz", False, None, logprobs)
+    chunk = collector.get_nowait()
+    assert (chunk.token_ids, chunk.text, chunk.logprobs) == ([7], "x", [-0.5])
+
+
+def test_compiled_take_with_logprobs_is_atomic_even_when_it_runs_the_gc():
+    """As the plain take above: a put that lands while the take's allocations collect is delivered whole, its
+    logprob entries in the same chunk as its tokens."""
+    import gc
+
+    mod = load_flavour("collector", "c")
+    collector = mod.StreamOutputCollector()
+    sent, numbers, got, keep = [], itertools.count(), [], []
+    armed = False
+
+    def put():
+        i = next(numbers)
+        collector.put([i], f"<{i}>", False, None, [-float(i)])
+        sent.append(i)
+
+    def put_while_collecting(phase, info):
+        if phase == "start" and armed:
+            put()
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(put_while_collecting)
+    gc.set_threshold(1)
+    try:
+        for _ in range(20):
+            put()
+            gc.collect()
+            keep.append(_Tracked())
+            armed = True
+            got.append(collector.get_nowait())
+            armed = False
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(put_while_collecting)
+    while (chunk := collector.get_nowait()) is not None:
+        got.append(chunk)
+    got = [c for c in got if c is not None]
+    assert len(sent) >= 30, "the takes did not collect: this test no longer tests anything"
+    assert all(c.logprobs == [-float(i) for i in c.token_ids] for c in got)
+    assert [i for c in got for i in c.token_ids] == sent

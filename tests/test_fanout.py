@@ -133,3 +133,19 @@ def test_collector_dropped_during_its_own_put_is_not_used_after_free(fan, new_co
 
     assert fan.publish(["a"], collectors, [[1]], ["x"], [_Finished(drop_and_reuse)]) == ["a"]
     assert not any(c.ready for c in fresh)
+
+
+def test_a_step_publishes_each_requests_logprobs_with_its_tokens(fan, new_collector):
+    """Requests that asked for logprobs get their entries in the same chunk as their tokens (merged across steps
+    like them); the others get none, in the same step."""
+    a, b = new_collector(), new_collector()
+    assert fan.publish(["a", "b"], [a, b], [[1, 2], [3]], ["x", "y"], [False, False], [None, None],
+                       [[-0.1, -0.2], None]) == ["a", "b"]
+    fan.publish(["a", "b"], [a, b], [[4], [5]], ["z", "w"], [True, True], ["stop", "stop"], [[-0.4], None])
+    got_a, got_b = a.get_nowait(), b.get_nowait()
+    assert (got_a.token_ids, got_a.logprobs) == ([1, 2, 4], [-0.1, -0.2, -0.4])
+    assert (got_b.token_ids, got_b.logprobs) == ([3, 5], None)
+    with pytest.raises(ValueError):
+        fan.publish(["a"], [a], [[1]], ["x"], [False], [None], [])      # one entry per key
+    with pytest.raises(ValueError):
+        fan.publish(["a"], [a], [[1, 2]], ["x"], [False], [None], [[-1.0]])   # one entry per token

@@ -9,7 +9,7 @@ from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport PyObject
 from libc.string cimport memcpy
 
-from rosefast.frontend._collector_py import chunk_fields, chunk_repr, chunks_equal, plain_delta
+from rosefast.frontend._collector_py import check_logprobs, chunk_fields, chunk_repr, chunks_equal, plain_delta
 
 
 cdef extern from "ptrvec.h":
@@ -63,7 +63,7 @@ cdef inline void _release_all(rf_ptrvec *v):
 
 
 cdef inline int _merge(StreamOutputCollector self, PyObject *token_ids, PyObject *text, bint finished,
-                       PyObject *finish_reason) except -1:
+                       PyObject *finish_reason, PyObject *logprobs) except -1:
     """Store or merge one delta. The references are borrowed: no Python code runs on this path (the rare
     delta of other types goes to _put_other, which takes its own references first)."""
     cdef Py_ssize_t i, n, length
@@ -72,15 +72,24 @@ cdef inline int _merge(StreamOutputCollector self, PyObject *token_ids, PyObject
     # Validate (and reserve) before touching anything: a bad delta leaves the waiting chunk as it was.
     if _type(text) != &PyUnicode_Type \
             or (_type(token_ids) != &PyList_Type and _type(token_ids) != &PyTuple_Type) \
-            or (finish_reason != _None and _type(finish_reason) != &PyUnicode_Type):
-        return self._put_other(<object>token_ids, <object>text, finished, <object>finish_reason)
+            or (finish_reason != _None and _type(finish_reason) != &PyUnicode_Type) \
+            or (logprobs != _None and ((_type(logprobs) != &PyList_Type and _type(logprobs) != &PyTuple_Type)
+                                       or _seq_size(logprobs) != _seq_size(token_ids))):
+        return self._put_other(<object>token_ids, <object>text, finished, <object>finish_reason, <object>logprobs)
     n = _seq_size(token_ids)
-    if rf_ptrvec_reserve(&self._ids, n) < 0 or rf_ptrvec_reserve(&self._pieces, 1) < 0:
+    if rf_ptrvec_reserve(&self._ids, n) < 0 or rf_ptrvec_reserve(&self._pieces, 1) < 0 \
+            or (logprobs != _None and rf_ptrvec_reserve(&self._logprobs, n) < 0):
         raise MemoryError()
     items = _seq_items(token_ids)            # a list's or a tuple's item array
     for i in range(n):
         _incref(items[i])
         rf_ptrvec_push_unchecked(&self._ids, <void *>items[i])
+    if logprobs != _None:                    # one entry per token, kept beside them
+        items = _seq_items(logprobs)
+        for i in range(n):
+            _incref(items[i])
+            rf_ptrvec_push_unchecked(&self._logprobs, <void *>items[i])
+        self._has_logprobs = True
     length = _len(text)
     if length:
         _incref(text)
@@ -106,27 +115,36 @@ cdef class StreamOutputCollector:
     def __cinit__(self):
         rf_ptrvec_init(&self._ids)
         rf_ptrvec_init(&self._pieces)
+        rf_ptrvec_init(&self._logprobs)
 
     def __dealloc__(self):
         _release_all(&self._ids)
         _release_all(&self._pieces)
+        _release_all(&self._logprobs)
         rf_ptrvec_free(&self._ids)
         rf_ptrvec_free(&self._pieces)
+        rf_ptrvec_free(&self._logprobs)
 
-    cdef int _put_other(self, object token_ids, object text, bint finished, object finish_reason) except -1:
-        """The rare delta that is not exactly (list | tuple, str, None | str): checked, then read as plain types.
-        plain_delta's frame holds its own references while the checks and conversions run Python code."""
+    cdef int _put_other(self, object token_ids, object text, bint finished, object finish_reason,
+                        object logprobs) except -1:
+        """The rare delta that is not exactly (list | tuple, str, None | str, None | list | tuple of one entry per
+        token): checked, then read as plain types. plain_delta's frame holds its own references while the checks
+        and conversions run Python code."""
         cdef object ids, piece, reason
         ids, piece, reason = plain_delta(token_ids, text, finish_reason)   # raises for the wrong types
-        return _merge(self, <PyObject *>ids, <PyObject *>piece, finished, <PyObject *>reason)
+        check_logprobs(ids, logprobs)                                        # and for entries that do not line up
+        return _merge(self, <PyObject *>ids, <PyObject *>piece, finished, <PyObject *>reason, <PyObject *>logprobs)
 
-    cdef int _put(self, PyObject *token_ids, PyObject *text, bint finished, PyObject *finish_reason) except -1:
+    cdef int _put(self, PyObject *token_ids, PyObject *text, bint finished, PyObject *finish_reason,
+                  PyObject *logprobs) except -1:
         """Store or merge one delta given as borrowed references (the fan-out's entry)."""
-        return _merge(self, token_ids, text, finished, finish_reason)
+        return _merge(self, token_ids, text, finished, finish_reason, logprobs)
 
-    def put(self, token_ids, text, finished, finish_reason):
-        """Store or merge one delta; True when the collector went from empty to ready."""
-        return _merge(self, <PyObject *>token_ids, <PyObject *>text, finished, <PyObject *>finish_reason) == 1
+    def put(self, token_ids, text, finished, finish_reason, logprobs=None):
+        """Store or merge one delta (its tokens' logprob entries with it, one per token, when asked); True when
+        the collector went from empty to ready."""
+        return _merge(self, <PyObject *>token_ids, <PyObject *>text, finished, <PyObject *>finish_reason,
+                      <PyObject *>logprobs) == 1
 
     def put_nowait(self, chunk):
         """Store or merge `chunk` (any object with the four fields); True when it became ready."""
@@ -139,14 +157,17 @@ cdef class StreamOutputCollector:
                 # could: its truth is taken on the other path, which holds its own references).
                 return _merge(self, <PyObject *>(<StreamChunk>chunk).token_ids,
                               <PyObject *>(<StreamChunk>chunk).text, finished == _True,
-                              <PyObject *>(<StreamChunk>chunk).finish_reason) == 1
+                              <PyObject *>(<StreamChunk>chunk).finish_reason,
+                              <PyObject *>(<StreamChunk>chunk).logprobs) == 1
         return self._put_fields(chunk)
 
     cdef object _put_fields(self, object chunk):
         """put_nowait of any other object with the four fields, or of a StreamChunk whose `finished` is not a
         bool: the fields are owned here before Python code can run (its own frame: the common path stays small)."""
         token_ids, text, finished, finish_reason = chunk_fields(chunk)
-        return _merge(self, <PyObject *>token_ids, <PyObject *>text, finished, <PyObject *>finish_reason) == 1
+        logprobs = getattr(chunk, "logprobs", None)
+        return _merge(self, <PyObject *>token_ids, <PyObject *>text, finished, <PyObject *>finish_reason,
+                      <PyObject *>logprobs) == 1
 
     def put_error(self, exc):
         """Fail the stream: the consumer gets `exc` raised after the chunk already waiting."""
@@ -204,8 +225,10 @@ cdef class StreamOutputCollector:
     cpdef object get_nowait(self):
         """The waiting (merged) chunk as a fresh object the consumer owns, or None."""
         cdef StreamChunk chunk
-        cdef Py_ssize_t i, n
+        cdef Py_ssize_t i, n, m
+        cdef bint has_logprobs
         cdef list ids
+        cdef object logprobs
         if not self._has:
             if self._error is not None:
                 raise self._error
@@ -215,13 +238,23 @@ cdef class StreamOutputCollector:
         chunk = StreamChunk.__new__(StreamChunk)
         while True:
             n = <Py_ssize_t>self._ids.len
+            m = <Py_ssize_t>self._logprobs.len
+            has_logprobs = self._has_logprobs
             ids = PyList_New(n)
-            if n == <Py_ssize_t>self._ids.len:
+            logprobs = PyList_New(m) if has_logprobs else None
+            if n == <Py_ssize_t>self._ids.len and m == <Py_ssize_t>self._logprobs.len \
+                    and has_logprobs == self._has_logprobs:
                 break
         for i in range(n):           # the list takes over the references
             PyList_SET_ITEM(ids, i, <object>self._ids.items[i])
         self._ids.len = 0
+        if has_logprobs:
+            for i in range(m):
+                PyList_SET_ITEM(logprobs, i, <object>self._logprobs.items[i])
+            self._logprobs.len = 0
+            self._has_logprobs = False
         chunk.token_ids = ids
+        chunk.logprobs = logprobs
         chunk.text = self._take_text()
         chunk.finished = self._finished
         chunk.finish_reason = self._reason

@@ -14,6 +14,16 @@ def check_delta(token_ids, text, finish_reason):
         raise TypeError(f"chunk finish_reason must be str or None, not {type(finish_reason).__name__}")
 
 
+def check_logprobs(token_ids, logprobs):
+    """Raise for per-token logprob entries that would not line up with the delta's tokens (None: none asked)."""
+    if logprobs is None:
+        return
+    if type(logprobs) is not list and type(logprobs) is not tuple:
+        raise TypeError(f"chunk logprobs must be a list or tuple, not {type(logprobs).__name__}")
+    if len(logprobs) != len(token_ids):
+        raise ValueError(f"chunk logprobs has {len(logprobs)} entries for {len(token_ids)} tokens")
+
+
 def plain_delta(token_ids, text, finish_reason):
     """A delta checked (TypeError for the wrong types) and read as exact builtins: a list or tuple, a str,
     None or a str. Subclasses become plain values here (str(x) may return the subclass itself; str.__str__
@@ -60,11 +70,12 @@ class StreamChunk:
         self.finished = finished
         self.finish_reason = finish_reason
         self.merged = 0   # set by the collector: how many later deltas were merged into this one
+        self.logprobs = None   # its tokens' logprob entries, one per token, merged with them (when asked)
         # set by the manager's stream, never read or merged here: its prompt's length and the prompt tokens the
         # prefix cache served; on a choice's final chunk the stop string that ended it; with several choices or
-        # logprobs, the choice's index, its tokens' logprobs, its prompt's logprobs
+        # prompt logprobs, the choice's index, its prompt's logprobs
         self.prompt_tokens = self.cached_tokens = self.stop_string = None
-        self.index = self.logprobs = self.prompt_logprobs = None
+        self.index = self.prompt_logprobs = None
 
     __eq__ = chunks_equal
     __repr__ = chunk_repr
@@ -72,7 +83,7 @@ class StreamChunk:
 
 class StreamOutputCollector:
     __slots__ = ("_ids", "_text", "_pieces", "_finished", "_reason", "_has", "_error", "merges", "_merges_taken",
-                 "_lock")
+                 "_lock", "_logprobs")
 
     def __init__(self):
         # The engine thread puts while a consumer takes. The compiled twin's calls are GIL-atomic; Python
@@ -81,6 +92,7 @@ class StreamOutputCollector:
         self._ids = None
         self._text = None
         self._pieces = None   # None until the first merge: the common depth-1 case never builds it
+        self._logprobs = None  # the waiting tokens' logprob entries, once a delta brought some
         self._finished = False
         self._reason = None
         self._has = False
@@ -88,17 +100,24 @@ class StreamOutputCollector:
         self.merges = 0
         self._merges_taken = 0   # `merges` at the last take
 
-    def put(self, token_ids, text, finished, finish_reason):
-        """Store or merge one delta; True when the collector went from empty to ready."""
+    def put(self, token_ids, text, finished, finish_reason, logprobs=None):
+        """Store or merge one delta (its tokens' logprob entries with it, one per token, when asked); True when
+        the collector went from empty to ready."""
         if type(text) is not str or (type(token_ids) is not list and type(token_ids) is not tuple) \
                 or (finish_reason is not None and type(finish_reason) is not str):
             # Outside the lock: a subclass's code (iteration, __str__) runs here, never under it.
             token_ids, text, finish_reason = plain_delta(token_ids, text, finish_reason)
+        if logprobs is not None:
+            check_logprobs(token_ids, logprobs)
         if finished is not True and finished is not False:
             finished = bool(finished)
         lock = self._lock
         lock.acquire()   # not `with`: its __exit__ call costs twice the pair
         try:
+            if logprobs is not None:
+                if self._logprobs is None:
+                    self._logprobs = []
+                self._logprobs.extend(logprobs)
             if not self._has:
                 self._ids = list(token_ids)
                 self._text = text
@@ -121,8 +140,9 @@ class StreamOutputCollector:
             lock.release()
 
     def put_nowait(self, chunk, /):
-        """Store or merge `chunk` (any object with the four fields); True when it became ready."""
-        return self.put(*chunk_fields(chunk))
+        """Store or merge `chunk` (any object with the four fields; its `logprobs` too where it has them); True
+        when it became ready."""
+        return self.put(*chunk_fields(chunk), getattr(chunk, "logprobs", None))
 
     def put_error(self, exc, /):
         """Fail the stream: the consumer gets `exc` raised after the chunk already waiting."""
@@ -142,10 +162,10 @@ class StreamOutputCollector:
                 if self._error is not None:
                     raise self._error
                 return None
-            ids, text, pieces = self._ids, self._text, self._pieces
+            ids, text, pieces, logprobs = self._ids, self._text, self._pieces, self._logprobs
             finished, reason = self._finished, self._reason
             merged, self._merges_taken = self.merges - self._merges_taken, self.merges
-            self._ids = self._text = self._pieces = self._reason = None
+            self._ids = self._text = self._pieces = self._reason = self._logprobs = None
             self._finished = False
             self._has = False
         finally:
@@ -153,6 +173,7 @@ class StreamOutputCollector:
         # Built outside the lock: the state is this call's alone now.
         chunk = StreamChunk(ids, text if pieces is None else "".join(pieces), finished, reason)
         chunk.merged = merged
+        chunk.logprobs = logprobs
         return chunk
 
     @property

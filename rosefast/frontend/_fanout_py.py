@@ -1,20 +1,21 @@
 """publish / fail, pure Python: the reference for _fanout_c.pyx."""
 
 
-def check_step(keys, collectors, token_ids, texts, finished, finish_reasons):
+def check_step(keys, collectors, token_ids, texts, finished, finish_reasons, logprobs=None):
     n = len(keys)
     for name, seq in (("collectors", collectors), ("token_ids", token_ids), ("texts", texts),
-                      ("finished", finished), ("finish_reasons", finish_reasons)):
+                      ("finished", finished), ("finish_reasons", finish_reasons), ("logprobs", logprobs)):
         if seq is not None and len(seq) != n:
             raise ValueError(f"publish: {name} has {len(seq)} entries for {n} keys")
 
 
-def publish(keys, collectors, token_ids, texts, finished=None, finish_reasons=None, /):
-    check_step(keys, collectors, token_ids, texts, finished, finish_reasons)
+def publish(keys, collectors, token_ids, texts, finished=None, finish_reasons=None, logprobs=None, /):
+    check_step(keys, collectors, token_ids, texts, finished, finish_reasons, logprobs)
     ready = []
     for i, key in enumerate(keys):
         if collectors[i].put(token_ids[i], texts[i], finished[i] if finished is not None else False,
-                             finish_reasons[i] if finish_reasons is not None else None):
+                             finish_reasons[i] if finish_reasons is not None else None,
+                             logprobs[i] if logprobs is not None else None):
             ready.append(key)
     return ready
 

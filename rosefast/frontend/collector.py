@@ -7,9 +7,11 @@
     c.get_nowait()   # None
 
 A chunk has `token_ids` (list or tuple), `text` (str), `finished` (bool) and `finish_reason`
-(str or None); a SchedulerManager's stream also sets `prompt_tokens` and `cached_tokens` (its prompt's
-length, the part the prefix cache served) and on the final chunk `stop_string` (the collector never reads
-or merges them).
+(str or None), and `logprobs`: None, or one entry per token when the request asked for them (`put`'s fifth
+argument), merged with the tokens in the same way (a list or tuple whose length is not the delta's token count
+raises ValueError, another type TypeError, and the waiting chunk stays as it was). A SchedulerManager's stream
+also sets `prompt_tokens` and `cached_tokens` (its prompt's length, the part the prefix cache served) and on
+the final chunk `stop_string` (the collector never reads or merges them).
 Merging is O(1) amortized: ids are extended in place in a list the collector owns (the producer's
 list is copied once on the way in and never mutated), text is kept as pieces and joined once when
 taken, `finished` is OR-ed and the last non-empty `finish_reason` wins. Merged

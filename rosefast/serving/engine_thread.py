@@ -232,9 +232,7 @@ class EngineThread:
                 engine.abort(record.id)
                 self._outbox.fail([record], EngineError(f"detokenizing failed: {e!r}"))
                 continue
-            if logprobs is not None and record.logprobs is not None:
-                record.logprobs.extend(logprobs)          # before the tokens are published: the consumer
-            if out.prompt_logprobs is not None:           # takes one entry per token it gets
+            if out.prompt_logprobs is not None:
                 for choice in (record, *record.forks):
                     choice.prompt_logprobs = out.prompt_logprobs
             if out.cached_tokens is not None:
@@ -245,7 +243,7 @@ class EngineThread:
                     t.scheduled, t.first_token = out.scheduled_at, now
                 t.token_times.extend([now] * len(ids))
                 t.finish_reason = reason
-            step.add(record, ids, text, done, reason)
+            step.add(record, ids, text, done, reason, logprobs)   # (the entries ride with their tokens)
         self._outbox.send(step)
         if self._after_step is not None:
             self._after_step(engine.steps)

@@ -253,7 +253,7 @@ class SchedulerManager:
         record = self.requests.get(request_id)
         if record is None:
             raise KeyError(f"unknown request id {request_id!r} (finished and consumed, or never added)")
-        if record.group is None and record.logprobs is None and record.params.prompt_logprobs is None:
+        if record.group is None and record.params.logprobs is None and record.params.prompt_logprobs is None:
             return self._stream(record)
         return self._stream_choices(record.choices())
 
@@ -293,9 +293,7 @@ class SchedulerManager:
                         continue
                     taken = True
                     self.backlog.observe(chunk.merged + 1)
-                    chunk.index = record.index
-                    if record.logprobs is not None:
-                        chunk.logprobs = [record.logprobs.popleft() for _ in chunk.token_ids]
+                    chunk.index = record.index   # (its tokens' logprobs came merged with them, in the chunk)
                     if record.index in fresh:
                         fresh.discard(record.index)
                         if record.prompt_logprobs is not None:   # (token id, its entry), the first's None

@@ -14,18 +14,23 @@ from rosefast.frontend.fanout import fail, publish
 
 class StepBatch:
     """One step's outputs as the parallel lists `publish` takes."""
-    __slots__ = ("signals", "collectors", "token_ids", "texts", "finished", "reasons")
+    __slots__ = ("signals", "collectors", "token_ids", "texts", "finished", "reasons", "logprobs", "any_logprobs")
 
     def __init__(self):
         self.signals, self.collectors, self.token_ids, self.texts, self.finished, self.reasons = [], [], [], [], [], []
+        self.logprobs, self.any_logprobs = [], False
 
-    def add(self, record, token_ids, text, finished, reason):
+    def add(self, record, token_ids, text, finished, reason, logprobs=None):
+        """`logprobs`: the tokens' logprob entries, one per token (when the request asked), merged with them."""
         self.signals.append(record.signal)
         self.collectors.append(record.collector)
         self.token_ids.append(token_ids)
         self.texts.append(text)
         self.finished.append(finished)
         self.reasons.append(reason)
+        self.logprobs.append(logprobs)
+        if logprobs is not None:
+            self.any_logprobs = True
         if finished:
             record.finish()
 
@@ -37,7 +42,7 @@ class Outbox:
     def send(self, step):
         if step.signals:
             self.waker.wake(publish(step.signals, step.collectors, step.token_ids, step.texts, step.finished,
-                                    step.reasons))
+                                    step.reasons, step.logprobs if step.any_logprobs else None))
 
     def end(self, records, reason):
         """End these requests with an empty final chunk (reason "abort": their consumer wakes and stops)."""

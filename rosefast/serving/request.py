@@ -10,15 +10,14 @@ the request's whole serving-side state (no other module keeps a map keyed by req
                                                      tokenize worker, before the engine thread gets it
     timing         RequestTiming, or None            each stage its own field: add_request (submit),
                                                      a tokenize worker (tokenized), the engine thread
-    collector      its StreamOutputCollector         the engine thread puts, the consumer takes
+    collector      its StreamOutputCollector (the     the engine thread puts, the consumer takes
+                   tokens, text and logprobs)
     signal         its waker signal                  the engine thread wakes, the consumer waits
     detok          IncrementalDetokenizer, or None   the engine thread only: made when the engine
                                                      takes the request, dropped when it ends
     finished       True once it has ended            finish(): whichever thread ends it
     aborted        True once its consumer gave up    abort (the consumer, a disconnect watch)
     the slot       its admission slot                release(): exactly once, whoever calls it
-    logprobs       a deque of per-token entries      the engine thread appends before it publishes
-                   (when asked)                      the tokens; the consumer takes one per token
     prompt_logprobs the prompt's entries (asked)     the engine thread, before the first chunk
     prompt_ids     its prompt's ids (the same)       add_request or a tokenize worker
     cached_tokens  its prompt tokens the prefix      the engine thread, before the first chunk
@@ -38,14 +37,13 @@ Every field is one attribute store or read (GIL-atomic); release() relies on the
 attribute being atomic: exactly one caller finds it there.
 """
 import itertools
-from collections import deque
 
 from rosefast.frontend.collector import StreamOutputCollector
 
 
 class Request:
     __slots__ = ("id", "params", "prompt_tokens", "timing", "collector", "signal", "detok", "finished",
-                 "aborted", "_slot", "group", "index", "forks", "logprobs", "prompt_logprobs", "prompt_ids",
+                 "aborted", "_slot", "group", "index", "forks", "prompt_logprobs", "prompt_ids",
                  "cached_tokens", "stop_string")
 
     def __init__(self, request_id, params, slot, signal, timing=None):
@@ -64,7 +62,6 @@ class Request:
         self.group = None
         self.index = 0
         self.forks = ()
-        self.logprobs = deque() if params is not None and params.logprobs is not None else None
         self.prompt_logprobs = None
         self.prompt_ids = None     # kept only when its prompt's logprobs are asked (they are given with their ids)
 
