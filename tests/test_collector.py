@@ -237,22 +237,17 @@ class _Tracked:
     """A garbage-collected object from no free list: each one counts toward the next collection."""
 
 
-def test_compiled_take_is_atomic_even_when_it_runs_the_gc():
-    """A take allocates the chunk it returns, which may run the garbage collector, and so finalizers and other
-    threads. A put that lands then must be delivered whole: its ids and its text in the same chunk, nothing
-    left behind. A gc callback stands in for the other thread: it puts while the take's allocation collects.
-    (The pure twin serializes with a lock instead; a put from inside its own take would wait on it.)"""
+def _takes_while_collections_put(collector, put_one):
+    """20 takes, each made to run the garbage collector by its allocations, a put landing from the collection as
+    a finalizer or another thread would: (the numbers put, in order; the chunks taken). The caller checks them."""
     import gc
 
-    mod = load_flavour("collector", "c")
-    collector = mod.StreamOutputCollector()
     sent, numbers, got, keep = [], itertools.count(), [], []
     armed = False
 
     def put():
         i = next(numbers)
-        chunk = mod.StreamChunk([i], f"<{i}>")
-        collector.put_nowait(chunk)
+        put_one(i)
         sent.append(i)
 
     def put_while_collecting(phase, info):
@@ -275,9 +270,20 @@ def test_compiled_take_is_atomic_even_when_it_runs_the_gc():
         gc.callbacks.remove(put_while_collecting)
     while (chunk := collector.get_nowait()) is not None:
         got.append(chunk)
-    got = [c for c in got if c is not None]
     # 20 takes, 20 puts from the collections they ran (a thread left by another test may collect one first)
     assert len(sent) >= 30, "the takes did not collect: this test no longer tests anything"
+    return sent, [c for c in got if c is not None]
+
+
+def test_compiled_take_is_atomic_even_when_it_runs_the_gc():
+    """A take allocates the chunk it returns, which may run the garbage collector, and so finalizers and other
+    threads. A put that lands then must be delivered whole: its ids and its text in the same chunk, nothing
+    left behind. A gc callback stands in for the other thread: it puts while the take's allocation collects.
+    (The pure twin serializes with a lock instead; a put from inside its own take would wait on it.)"""
+
+    mod = load_flavour("collector", "c")
+    collector = mod.StreamOutputCollector()
+    sent, got = _takes_while_collections_put(collector, lambda i: collector.put_nowait(mod.StreamChunk([i], f"<{i}>")))
     assert [(c.token_ids, c.text) for c in got] == [(c.token_ids, "".join(f"<{i}>" for i in c.token_ids))
                                                     for c in got]
     assert [i for c in got for i in c.token_ids] == sent
@@ -406,39 +412,10 @@ def test_logprobs_that_do_not_line_up_with_the_tokens_are_refused_and_keep_what_
 def test_compiled_take_with_logprobs_is_atomic_even_when_it_runs_the_gc():
     """As the plain take above: a put that lands while the take's allocations collect is delivered whole, its
     logprob entries in the same chunk as its tokens."""
-    import gc
 
     mod = load_flavour("collector", "c")
     collector = mod.StreamOutputCollector()
-    sent, numbers, got, keep = [], itertools.count(), [], []
-    armed = False
-
-    def put():
-        i = next(numbers)
-        collector.put([i], f"<{i}>", False, None, [-float(i)])
-        sent.append(i)
-
-    def put_while_collecting(phase, info):
-        if phase == "start" and armed:
-            put()
-
-    threshold = gc.get_threshold()
-    gc.callbacks.append(put_while_collecting)
-    gc.set_threshold(1)
-    try:
-        for _ in range(20):
-            put()
-            gc.collect()
-            keep.append(_Tracked())
-            armed = True
-            got.append(collector.get_nowait())
-            armed = False
-    finally:
-        gc.set_threshold(*threshold)
-        gc.callbacks.remove(put_while_collecting)
-    while (chunk := collector.get_nowait()) is not None:
-        got.append(chunk)
-    got = [c for c in got if c is not None]
-    assert len(sent) >= 30, "the takes did not collect: this test no longer tests anything"
+    sent, got = _takes_while_collections_put(collector, lambda i: collector.put([i], f"<{i}>", False, None,
+                                                                               [-float(i)]))
     assert all(c.logprobs == [-float(i) for i in c.token_ids] for c in got)
     assert [i for c in got for i in c.token_ids] == sent
