@@ -195,7 +195,7 @@ def test_timestamps_are_ordered_and_forgotten_with_the_record(manager):
     collect(manager, rid)
     assert t.submit == t.tokenized   # inline encode: the ids are ready when add_request returns
     assert t.tokenized <= t.scheduled <= t.first_token == t.token_times[0]
-    assert len(t.token_times) == 6 and t.token_times == sorted(t.token_times) and t.prompt_tokens > 0
+    assert len(t.token_times) == 6 and t.token_times == sorted(t.token_times)
     assert manager.timing(rid) is None and manager.requests.get(rid) is None
 
 
@@ -203,9 +203,9 @@ def test_timestamps_with_workers_follow_the_stages(tiny_llama):
     with make_manager(tiny_llama, tokenize_workers=1, record_token_timestamps=True) as m:
         rid = m.add_request("timing through a worker", max_tokens=3, temperature=0, ignore_eos=True)
         t = m.timing(rid)
-        collect(m, rid)
+        lengths = {chunk.prompt_tokens for chunk in m.stream(rid)}
         assert t.submit <= t.tokenized <= t.scheduled <= t.first_token == t.token_times[0]
-        assert t.prompt_tokens == len(m.tokenizer("timing through a worker")["input_ids"])
+        assert lengths == {len(m.tokenizer("timing through a worker")["input_ids"])}
 
 
 def test_no_timestamps_kept_when_off(tiny_llama):

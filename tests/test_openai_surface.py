@@ -84,15 +84,22 @@ def test_echo_with_logprobs_and_max_tokens_zero(client, offline, tiny_llama):
     for got, (chosen, _) in zip(lp.token_logprobs[1:], want["prompt_logprobs"][1:]):
         assert math.isclose(got, chosen, abs_tol=1e-5)
     one = client.completions.create(model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=1, temperature=0)
-    assert one.choices[0].logprobs.token_logprobs[:-1] == lp.token_logprobs   # lm-eval's request: prompt, then 1
+    # lm-eval's request: prompt, then 1 (equal up to the ~1e-6 a prefill batched beside another request moves)
+    assert close(one.choices[0].logprobs.token_logprobs[:-1], lp.token_logprobs)
     assert one.choices[0].text.startswith(scored.choices[0].text) and one.usage.completion_tokens == 1
     text = client.completions.create(model="tiny", prompt="Say it back", max_tokens=3, echo=True, temperature=0)
     assert text.choices[0].text.startswith("Say it back")
     streamed = list(client.completions.create(model="tiny", prompt=ids, max_tokens=1, echo=True, logprobs=1,
                                               temperature=0, stream=True))
     assert "".join(c.text for ev in streamed for c in ev.choices) == one.choices[0].text
-    assert [v for ev in streamed for c in ev.choices if c.logprobs for v in c.logprobs.token_logprobs] == \
-        one.choices[0].logprobs.token_logprobs
+    assert close([v for ev in streamed for c in ev.choices if c.logprobs for v in c.logprobs.token_logprobs],
+                 one.choices[0].logprobs.token_logprobs)
+
+
+def close(got, want):
+    """Logprob lists equal in length, in where they are None, and in value within 1e-5."""
+    return len(got) == len(want) and all(
+        (g is None) == (w is None) and (g is None or math.isclose(g, w, abs_tol=1e-5)) for g, w in zip(got, want))
 
 
 def test_several_prompts_are_answered_in_prompt_order(client, offline):

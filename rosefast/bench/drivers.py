@@ -85,6 +85,7 @@ def run_inprocess(manager, args, prompts, progress=None):
             t = manager.timing(rid)
             try:
                 for chunk in manager.stream(rid):
+                    s.prompt_tokens = chunk.prompt_tokens or 0
                     if chunk.token_ids:
                         s.received(time.perf_counter())
                         s.completion_tokens += len(chunk.token_ids)
@@ -92,7 +93,7 @@ def run_inprocess(manager, args, prompts, progress=None):
                 s.error = repr(e)
             if t is not None:
                 s.tokenized, s.scheduled, s.first_token = t.tokenized, t.scheduled, t.first_token
-                s.token_times, s.prompt_tokens = t.token_times, t.prompt_tokens
+                s.token_times = t.token_times
             if progress is not None:
                 progress.update()
 

@@ -3,7 +3,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rosefast.models import kernels
-from rosefast.models.layers import attention
+from rosefast.models.layers import attention, embedding
 
 
 class GPT2Layer(nn.Module):
@@ -31,8 +31,8 @@ class GPT2Model(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.args = args
-        self.wte = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.wpe = nn.Embedding(args.max_position_embeddings, args.hidden_size)
+        self.wte = embedding(args.vocab_size, args.hidden_size)
+        self.wpe = embedding(args.max_position_embeddings, args.hidden_size)
         self.layers = nn.ModuleList(GPT2Layer(args) for _ in range(args.num_layers))
         self.ln_f = nn.LayerNorm(args.hidden_size, eps=args.norm_eps)
 

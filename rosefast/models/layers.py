@@ -1,4 +1,4 @@
-"""Building blocks shared by our model code: RoPE, and attention over the paged KV cache."""
+"""Building blocks shared by our model code: embedding tables, RoPE, and attention over the paged KV cache."""
 import math
 from dataclasses import dataclass
 
@@ -6,6 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from rosefast.models.sources import ModelError
+
+
+def embedding(rows, width):
+    """An embedding table the checkpoint fills (load_model assigns it): left uninitialized, since a random
+    init on the meta device, where models are built, imports torch's compiler stack (~1 s a process)."""
+    return torch.nn.Embedding(rows, width, _weight=torch.empty(rows, width))
 
 
 @dataclass

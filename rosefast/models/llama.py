@@ -8,7 +8,7 @@ from torch import nn
 
 from rosefast.models import decode_layer, kernels
 from rosefast.models.families import FAMILIES
-from rosefast.models.layers import attention, rope_cache
+from rosefast.models.layers import attention, embedding, rope_cache
 
 
 class LlamaLayer(nn.Module):
@@ -73,7 +73,7 @@ class LlamaModel(nn.Module):
     def __init__(self, args):
         super().__init__()
         self.args = args
-        self.embed = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.embed = embedding(args.vocab_size, args.hidden_size)
         self.layers = nn.ModuleList(LlamaLayer(args, layer_window(args, i)) for i in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)

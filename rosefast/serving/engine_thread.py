@@ -233,8 +233,7 @@ class EngineThread:
                 self._outbox.fail([record], EngineError(f"detokenizing failed: {e!r}"))
                 continue
             if out.prompt_logprobs is not None:
-                for choice in (record, *record.forks):
-                    choice.prompt_logprobs = out.prompt_logprobs
+                record.lead.prompt_logprobs = out.prompt_logprobs
             if out.cached_tokens is not None:
                 record.cached_tokens = out.cached_tokens
             t = record.timing

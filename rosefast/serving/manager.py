@@ -208,13 +208,11 @@ class SchedulerManager:
 
     @staticmethod
     def _set_prompt(lead, ids, tokenized):
-        keep_ids = lead.params.prompt_logprobs is not None
-        for record in (lead, *lead.forks):
-            record.prompt_tokens = len(ids)
-            if keep_ids:
-                record.prompt_ids = ids
+        lead.prompt_tokens = len(ids)
+        if lead.params.prompt_logprobs is not None:
+            lead.prompt_ids = ids
         if lead.timing is not None:
-            lead.timing.tokenized, lead.timing.prompt_tokens = tokenized, len(ids)
+            lead.timing.tokenized = tokenized
 
     def _encode(self, prompt):
         self.tokenized_total += 1
@@ -296,9 +294,10 @@ class SchedulerManager:
                     chunk.index = record.index   # (its tokens' logprobs came merged with them, in the chunk)
                     if record.index in fresh:
                         fresh.discard(record.index)
-                        if record.prompt_logprobs is not None:   # (token id, its entry), the first's None
-                            chunk.prompt_logprobs = list(zip(record.prompt_ids, record.prompt_logprobs))
-                    chunk.prompt_tokens, chunk.cached_tokens = record.prompt_tokens, record.cached_tokens
+                        lead = record.lead
+                        if lead.prompt_logprobs is not None:   # (token id, its entry), the first's None
+                            chunk.prompt_logprobs = list(zip(lead.prompt_ids, lead.prompt_logprobs))
+                    chunk.prompt_tokens, chunk.cached_tokens = record.lead.prompt_tokens, record.cached_tokens
                     if chunk.finished:
                         chunk.stop_string = record.stop_string
                         waiting.remove(record)

@@ -6,7 +6,7 @@ the request's whole serving-side state (no other module keeps a map keyed by req
 
     field          what                              written by (thread)
     id, params     the id, its SamplingParams        add_request, before anyone else sees the record
-    prompt_tokens  the prompt's length               add_request (token ids, inline encode) or a
+    prompt_tokens  the prompt's length (on its lead)   add_request (token ids, inline encode) or a
                                                      tokenize worker, before the engine thread gets it
     timing         RequestTiming, or None            each stage its own field: add_request (submit),
                                                      a tokenize worker (tokenized), the engine thread
@@ -18,13 +18,17 @@ the request's whole serving-side state (no other module keeps a map keyed by req
     finished       True once it has ended            finish(): whichever thread ends it
     aborted        True once its consumer gave up    abort (the consumer, a disconnect watch)
     the slot       its admission slot                release(): exactly once, whoever calls it
-    prompt_logprobs the prompt's entries (asked)     the engine thread, before the first chunk
+    prompt_logprobs the prompt's entries (asked; on   the engine thread, before the first chunk
+                   its lead)
     prompt_ids     its prompt's ids (the same)       add_request or a tokenize worker
     cached_tokens  its prompt tokens the prefix      the engine thread, before the first chunk
                    cache served
     stop_string    the stop string that ended it     the engine thread, before the final chunk
     group, index   its RequestGroup and choice index add_request, before anyone else sees it
-    forks          the other choices of its prompt   add_request (on a prompt's first choice)
+
+A prompt's facts (its length, ids and entries) are kept once, on its lead — the prompt's first choice —
+and its other choices read them there (`lead`); the choices themselves are listed once, in the group
+(`forks` and `choices()` read that list).
 
 A call with several prompts or n > 1 choices makes one record per (prompt, choice) in a RequestGroup:
 they share one waker signal (one consumer reads them all) and the call's admission slots — one per
@@ -43,7 +47,7 @@ from rosefast.frontend.collector import StreamOutputCollector
 
 class Request:
     __slots__ = ("id", "params", "prompt_tokens", "timing", "collector", "signal", "detok", "finished",
-                 "aborted", "_slot", "group", "index", "forks", "prompt_logprobs", "prompt_ids",
+                 "aborted", "_slot", "group", "index", "prompt_logprobs", "prompt_ids",
                  "cached_tokens", "stop_string")
 
     def __init__(self, request_id, params, slot, signal, timing=None):
@@ -61,7 +65,6 @@ class Request:
         self._slot = slot          # the AdmissionCounter (or RequestGroup) it holds a slot of; see release()
         self.group = None
         self.index = 0
-        self.forks = ()
         self.prompt_logprobs = None
         self.prompt_ids = None     # kept only when its prompt's logprobs are asked (they are given with their ids)
 
@@ -80,6 +83,20 @@ class Request:
         return self.group.records if self.group is not None else (self,)
 
     @property
+    def lead(self):
+        """Its prompt's first choice (itself when it is one), which holds the prompt's facts."""
+        group = self.group
+        return self if group is None else group.records[self.index - self.index % group.n]
+
+    @property
+    def forks(self):
+        """On a prompt's first choice, the prompt's other choices; elsewhere none."""
+        group = self.group
+        if group is None or self.index % group.n:
+            return ()
+        return group.records[self.index + 1:self.index + group.n]
+
+    @property
     def holds_slot(self):
         return hasattr(self, "_slot")
 
@@ -95,14 +112,15 @@ class Request:
 
 
 class RequestGroup:
-    """The choices of one call (n per prompt, one record each): the call's admission slots, one per prompt,
-    go back when its last choice has ended."""
-    __slots__ = ("records", "_admission", "_slots", "_left")
+    """The choices of one call (n per prompt, one record each, a prompt's n together): the call's admission
+    slots, one per prompt, go back when its last choice has ended."""
+    __slots__ = ("records", "n", "_admission", "_slots", "_left")
 
-    def __init__(self, admission, slots, count):
+    def __init__(self, admission, slots, n):
         self.records = []
+        self.n = n
         self._admission, self._slots = admission, slots
-        self._left = list(range(count))   # each choice pops one as it ends; the one that pops 0 is the last
+        self._left = list(range(slots * n))   # each choice pops one as it ends; the one that pops 0 is the last
 
     def release(self):
         """A choice has ended (each calls this once: its record's own release is exactly-once)."""
@@ -125,17 +143,13 @@ class RequestTable:
 
     def add_group(self, params, admission, prompts, n, signal, timing=None):
         """Records for `prompts` x n choices sharing `signal` and holding one admission slot per prompt
-        (already acquired); the leads (each prompt's first choice) carry their forks. Returns the group."""
-        group = RequestGroup(admission, prompts, prompts * n)
+        (already acquired); a prompt's first choice (its lead) carries its timing. Returns the group."""
+        group = RequestGroup(admission, prompts, n)
         for p in range(prompts):
-            lead = None
             for j in range(n):
                 record = Request(next(self._ids), params, group, signal, timing() if timing and j == 0 else None)
                 record.group, record.index = group, p * n + j
                 group.records.append(record)
-                if lead is None:
-                    lead = record
-            lead.forks = tuple(group.records[p * n + 1:(p + 1) * n])
         for record in group.records:
             self._records[record.id] = record
         return group

@@ -9,5 +9,4 @@ class RequestTiming:
     scheduled: float = None     # the engine first scheduled its prefill
     first_token: float = None   # its first token left the engine step
     token_times: list = field(default_factory=list)   # one per output token
-    prompt_tokens: int = 0
     finish_reason: str = None
