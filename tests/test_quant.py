@@ -286,14 +286,16 @@ def test_the_q4_1_blocks_are_kept_beside_the_converted_model(default_model, monk
 
 
 def _write_gguf(path, model, kind=gguf.GGMLQuantizationType.Q8_0):
-    """A GGUF holding `model`'s linears as `kind` and its embedding as Q8_0 (q/k rows in llama.cpp's order),
-    tensors only."""
+    """A GGUF holding `model`'s linears as `kind` and its embedding as Q8_0, laid out as llama.cpp's converter
+    lays the family out (Llama's and Mistral's q/k rows reordered, the Qwen and Gemma families' not; Phi-3's q|k|v
+    as attn_qkv and its gate|up as ffn_up), tensors only."""
+    from rosefast.models.families import FAMILIES
     from rosefast.models.gguf_blocks import _rope_rows
 
     args = load_model_args(model.path)
     hf = read_hf_state_dict(model.path)
     writer = gguf.GGUFWriter(str(path), args.family)
-    permuted = args.family == "llama"   # llama.cpp's converter reorders Llama's q/k rows, not Qwen's
+    permuted = FAMILIES[args.family].gguf_qk_permuted
 
     def add(name, weight, heads=None, kind=kind):
         w = weight.float()
@@ -305,10 +307,13 @@ def _write_gguf(path, model, kind=gguf.GGMLQuantizationType.Q8_0):
 
     for i in range(args.num_layers):
         p = f"model.layers.{i}."
-        add(f"blk.{i}.attn_q.weight", hf[p + "self_attn.q_proj.weight"], args.num_heads)
-        add(f"blk.{i}.attn_k.weight", hf[p + "self_attn.k_proj.weight"], args.num_kv_heads)
-        for name, key in (("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
-                          ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
+        if FAMILIES[args.family].fused_weights:
+            pairs = (("attn_qkv", "self_attn.qkv_proj"), ("ffn_up", "mlp.gate_up_proj"))
+        else:
+            add(f"blk.{i}.attn_q.weight", hf[p + "self_attn.q_proj.weight"], args.num_heads)
+            add(f"blk.{i}.attn_k.weight", hf[p + "self_attn.k_proj.weight"], args.num_kv_heads)
+            pairs = (("attn_v", "self_attn.v_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"))
+        for name, key in pairs + (("attn_output", "self_attn.o_proj"), ("ffn_down", "mlp.down_proj")):
             add(f"blk.{i}.{name}.weight", hf[p + key + ".weight"])
     add("token_embd.weight" if args.tie_word_embeddings else "output.weight",
         hf["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"],
@@ -320,25 +325,32 @@ def _write_gguf(path, model, kind=gguf.GGMLQuantizationType.Q8_0):
     return args, hf
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(family, default_model, tmp_path):
-    """The blocks come out in Hugging Face's row order for each family's file layout (Llama's q/k rows reordered
-    by llama.cpp's converter, the Qwen families' not)."""
+FILE_LAYOUTS = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {}, "gemma3_text": {},
+                "phi3": {"partial_rotary_factor": 0.75}, "llama-partial": {"partial_rotary_factor": 0.5}}
+
+
+@pytest.mark.parametrize("layout", FILE_LAYOUTS)
+def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(layout, default_model, tmp_path):
+    """The blocks come out in our model's row order for each family's file layout (Llama's and Mistral's q/k rows
+    reordered by llama.cpp's converter, the Qwen and Gemma families' not, Phi-3's q|k|v and gate|up fused; a
+    partial rotary's pairs placed as the model places them at load)."""
     from rosefast.models.loader import load_model
     from rosefast.models.quant import quantize_linears
 
-    model = tiny_random(family)
+    model = tiny_random(layout.split("-")[0], **FILE_LAYOUTS[layout])
     path = tmp_path / "q8_0.gguf"
     args, hf = _write_gguf(path, model)
     blocks = gguf_blocks(path, args)
     assert blocks["linears"] == "q8_0" and "head" in blocks
     deq = {t.name: torch.from_numpy(quants.dequantize(t.data, t.tensor_type)).float()
            for t in gguf.GGUFReader(str(path)).tensors}
+    ours = llama_state_dict(hf, args)
     for i in range(args.num_layers):
         assert torch.equal(dequantize_q8_0(*blocks[i]["o"][0][1]), deq[f"blk.{i}.attn_output.weight"])
-        qkv = dequantize_q8_0(*blocks[i]["qkv"][0][1])   # back in Hugging Face's row order: near the model's weights
-        want = torch.cat([hf[f"model.layers.{i}.self_attn.{n}_proj.weight"].float() for n in "qkv"])
-        assert (qkv - want).abs().max() <= want.abs().max() / 127
+        for name in ("qkv", "gate_up"):   # in our order, near the model's own weights
+            got = torch.cat([dequantize_q8_0(*part) for _, part in blocks[i][name]])
+            want = ours[f"layers.{i}.{name}.weight"].float()
+            assert (got - want).abs().max() <= want.abs().max() / 127
     model, _ = load_model(model, torch.float32, "cpu")
     count, source = quantize_linears(model, "auto", path, head="auto")   # auto: the file's own int8
     assert source == "the GGUF's Q8_0 blocks" and count == 4 * args.num_layers + 1

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rosefast.models.families import FAMILIES
+from rosefast.models.llama import partial_rotary_rows
 
 log = logging.getLogger("rosefast.engine")
 
@@ -160,6 +161,23 @@ def _rope_rows(n, heads):
     return torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
 
 
+def _qkv_rows(args, family):
+    """{part: the row order that puts the file's q / k (or fused q|k|v) rows in our model's order}: llama.cpp's
+    q/k reordering undone where the family has it, then a partial rotary's pairs placed as our model places
+    them at load (llama.partial_rotary_rows)."""
+    q, k = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+    if family.fused_weights:
+        return {"qkv": partial_rotary_rows(args)} if args.rotary_dim else {}
+    rows = {}
+    if family.gguf_qk_permuted:
+        rows = {"q": _rope_rows(q, args.num_heads), "k": _rope_rows(k, args.num_kv_heads)}
+    if args.rotary_dim:   # within each head, so the q and k parts each take their slice of the fused order
+        order = partial_rotary_rows(args)
+        for name, part in (("q", order[:q]), ("k", order[q:q + k] - q)):
+            rows[name] = rows[name][part] if name in rows else part
+    return rows
+
+
 def _kinds():
     import gguf
 
@@ -193,8 +211,13 @@ def gguf_blocks(path, args):
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
     kinds = _kinds()
-    names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
-             "down": "ffn_down"}
+    family = FAMILIES[args.family]
+    if family.fused_weights:   # Phi-3: llama.cpp keeps q|k|v fused (attn_qkv) and gate|up fused (as ffn_up)
+        names = {"qkv": "attn_qkv", "o": "attn_output", "gate_up": "ffn_up", "down": "ffn_down"}
+    else:
+        names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
+                 "up": "ffn_up", "down": "ffn_down"}
+    rows = _qkv_rows(args, family)
     layers, types = {}, {}
     for i in range(args.num_layers):
         parts = {}
@@ -205,13 +228,13 @@ def gguf_blocks(path, args):
             fmt, unpack = kinds[t.tensor_type]
             k, n = (int(x) for x in t.shape)    # GGUF lists the shape innermost first
             part = unpack(t.data, n, k)
-            if short in ("q", "k") and FAMILIES[args.family].gguf_qk_permuted:
-                rows = _rope_rows(n, args.num_heads if short == "q" else args.num_kv_heads)
-                part = tuple(x[rows] for x in part)
+            if short in rows:
+                part = tuple(x[rows[short]] for x in part)
             parts[short] = (fmt, part)
             types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-        layers[i] = {"qkv": _merge([parts[x] for x in "qkv"]), "o": [parts["o"]],
-                     "gate_up": _merge([parts["gate"], parts["up"]]), "down": [parts["down"]]}
+        qkv = [parts["qkv"]] if family.fused_weights else _merge([parts[x] for x in "qkv"])
+        gate_up = [parts["gate_up"]] if family.fused_weights else _merge([parts["gate"], parts["up"]])
+        layers[i] = {"qkv": qkv, "o": [parts["o"]], "gate_up": gate_up, "down": [parts["down"]]}
     fmts = {fmt for i in range(args.num_layers) for p in layers[i].values() for fmt, _ in p}
     layers["linears"] = fmts.pop() if len(fmts) == 1 and fmts <= {"q4_1", "q8_0"} else "blocks"
     layers["types"] = types
