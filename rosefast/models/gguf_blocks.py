@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from rosefast.models.families import FAMILIES
-from rosefast.models.llama import partial_rotary_rows
 
 log = logging.getLogger("rosefast.engine")
 
@@ -165,6 +164,10 @@ def _qkv_rows(args, family):
     """{part: the row order that puts the file's q / k (or fused q|k|v) rows in our model's order}: llama.cpp's
     q/k reordering undone where the family has it, then a partial rotary's pairs placed as our model places
     them at load (llama.partial_rotary_rows)."""
+    # imported here: llama's decode plan imports quant_tiles, which imports this module (a cycle at import time
+    # would leave the compiled plan unimportable, and its pure twin would run)
+    from rosefast.models.llama import partial_rotary_rows
+
     q, k = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
     if family.fused_weights:
         return {"qkv": partial_rotary_rows(args)} if args.rotary_dim else {}
