@@ -9,12 +9,19 @@ _MISSING = {}    # selector module -> why its compiled flavour did not import (t
 
 
 def select(name, package="rosefast.frontend"):
-    """Return the module `<package>._<name>_c` when it is built and allowed, else `<package>._<name>_py`."""
+    """Return the module `<package>._<name>_c` when it is built and allowed, else `<package>._<name>_py`.
+
+    Only the compiled module's own absence (not built, or built for another Python) selects the twin; an
+    ImportError raised inside it (an import cycle, a name its imports lack) is a bug and propagates, rather
+    than leaving the slow flavour running unnoticed."""
     module = None
     if not NO_EXTENSIONS:
+        compiled = f"{package}._{name}_c"
         try:
-            module = importlib.import_module(f"{package}._{name}_c")
+            module = importlib.import_module(compiled)
         except ImportError as e:
+            if e.name != compiled:
+                raise
             _MISSING[f"{package}.{name}"] = str(e)
     if module is None:
         module = importlib.import_module(f"{package}._{name}_py")

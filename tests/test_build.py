@@ -98,3 +98,24 @@ def test_the_specified_commands_serve_the_compiled_flavour_from_the_checkout(tmp
     flavours, warning = _flavour_report(src)                                             # beside its source
     assert flavours["rosefast.frontend.admission"] == "compiled"
     assert "twins of 6 of 7" in warning and "admission" not in warning.split(":")[0]
+
+
+def test_only_an_absent_compiled_module_selects_the_twin(tmp_path, monkeypatch):
+    """A compiled module that is not there runs its twin (and says why); one that is there but fails inside its
+    own imports (an import cycle, a missing name) raises: a bug must not pass as the slow flavour."""
+    from rosefast import _select
+
+    package = tmp_path / "flavoured"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_absent_py.py").write_text("FLAVOUR = 'pure'\n")
+    (package / "_broken_py.py").write_text("FLAVOUR = 'pure'\n")
+    (package / "_broken_c.py").write_text("from os import no_such_name\n")   # stands in for the .so
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(_select, "NO_EXTENSIONS", False)
+    monkeypatch.setattr(_select, "_SELECTED", {})   # (this package's entries stay out of the real ones)
+    monkeypatch.setattr(_select, "_MISSING", {})
+    assert _select.select("absent", package="flavoured").FLAVOUR == "pure"
+    assert "flavoured._absent_c" in _select._MISSING["flavoured.absent"]
+    with pytest.raises(ImportError, match="no_such_name"):
+        _select.select("broken", package="flavoured")
