@@ -38,7 +38,7 @@ def post_worker_init(worker):
     import os
     import signal
 
-    state = worker.wsgi.load().extensions["rosefast"]
+    state = worker.rosefast_state = worker.wsgi.load().extensions["rosefast"]
     state.restart_worker = lambda: os.kill(os.getpid(), signal.SIGTERM)
     state.exit_worker = os._exit   # a model that cannot load: exit(3) makes gunicorn stop with its reason
     if state.manager is not None and state.manager.load_error is not None:   # it failed before this was set
@@ -53,8 +53,12 @@ def post_worker_init(worker):
 
 def post_request(worker, req, environ, resp):
     """The answer is out: the connection waits for its next request under gunicorn's keep-alive timeout again,
-    not under the send timeout rosefast gave the socket for its writes (server.body.read_json_body)."""
+    not under the send timeout rosefast gave the socket for its writes (server.body.read_json_body), and as an
+    idle connection that a drain closes (server.keepalive)."""
     sock = environ.get("gunicorn.socket")
+    state = getattr(worker, "rosefast_state", None)
+    if state is not None:
+        state.connections.idle(sock)
     if sock is not None:
         try:
             sock.settimeout(None)

@@ -16,6 +16,7 @@ from server.config import server_config_from_env
 from server.errors import APIError
 from server.faults import fault_hooks
 from server.grammar_pool import GrammarPool
+from server.keepalive import IdleConnections
 from server.logprobs import TokenStrings
 from server.metrics import ENDPOINTS, Metrics, count_request
 from server.offhub import OffHub
@@ -50,6 +51,7 @@ class State:
         self.off_hub = OffHub(max(1, config.tokenize_workers))   # template rendering and encoding for the routes
         self.started = time.time()
         self.draining = False
+        self.connections = IdleConnections()   # keep-alive connections between requests (closed on drain)
         self.restart_worker = None   # set by gunicorn.conf.py: how the worker ends itself when its engine dies
         self.exit_worker = None      # set by gunicorn.conf.py: exit(code) ends the worker at once (a failed load)
         self._token_strings = None
@@ -123,7 +125,9 @@ class State:
             deadline = time.monotonic() + timeout
             while self.manager is not None and self.manager.inflight and time.monotonic() < deadline:
                 gevent.sleep(0.05)
-            log.info("drained (%d left in flight)", self.manager.inflight if self.manager else 0)
+            closed = self.connections.close_idle()
+            log.info("drained (%d left in flight; %d idle connections closed)",
+                     self.manager.inflight if self.manager else 0, closed)
             done()
 
         return gevent.spawn(wait)
@@ -154,6 +158,7 @@ def create_app(config=None, start=True):
     @app.before_request
     def _before():
         g.t0 = time.perf_counter()
+        state.connections.busy(request.environ.get("gunicorn.socket"))
         if (request.path.startswith("/v1/") or request.path in tokenizer_api.PATHS) and not authorized(config):
             raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                            "authentication_error", code="invalid_api_key")

@@ -2,6 +2,7 @@
 import json
 import os
 import random
+import re
 import signal
 import socket
 import threading
@@ -16,9 +17,23 @@ from tests.serving import Bystander, Server, itl_bound, tiny_env
 
 
 def test_sigterm_finishes_inflight_streams_refuses_new_ones_and_exits_0(tiny_llama):
-    s = Server(tiny_env(tiny_llama))
+    """... and closes a client's idle keep-alive connection once the streams have ended, instead of waiting out
+    its keep-alive timeout (a minute here: longer than the graceful timeout, after which gunicorn would kill
+    the worker and exit non-zero)."""
+    import http.client
+
+    s = Server({**tiny_env(tiny_llama), "GUNICORN_CMD_ARGS": "--keep-alive 60"})
     try:
+        idle = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        idle.request("POST", "/v1/completions", body=json.dumps({"prompt": "kept alive", "max_tokens": 2}),
+                     headers={"Content-Type": "application/json"})
+        assert idle.getresponse().read() and not idle.sock._closed   # answered; the connection stays open
         _sigterm_drains(s)
+        idle.sock.settimeout(5)
+        assert idle.sock.recv(1) == b""   # closed by the worker (which has exited)
+        log = s.log_path.read_text(errors="replace")
+        assert re.search(r"\(0 left in flight; [1-9]\d* idle connections closed\)", log) and "Socket error" not in log, log
+        assert "Worker graceful timeout" not in log, log   # gunicorn did not have to cut a handler short
     finally:
         s.stop()
 
