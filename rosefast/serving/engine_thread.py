@@ -174,15 +174,16 @@ class EngineThread:
         """A prompt's first choice (its forks are the others) into the engine."""
         if record.finished:          # aborted (or failed) while it waited for this thread
             return
+        choices = [record, *record.forks]
         if self.dead is not None:
-            self._outbox.fail([record, *record.forks], self.dead)
+            self._outbox.fail(choices, self.dead)
             return
         try:
-            self.engine.add_request(ids, record.params, request_id=record.id, fork_ids=[f.id for f in record.forks])
+            self.engine.add_request(ids, record.params, request_id=record.id, fork_ids=[f.id for f in choices[1:]])
         except (ValueError, TypeError) as e:
-            self._outbox.fail([record, *record.forks], e)
+            self._outbox.fail(choices, e)
             return
-        for choice in (record, *record.forks):
+        for choice in choices:
             choice.detok = IncrementalDetokenizer(self._decoder, ids, record.params.stop,
                                                   record.params.include_stop_str_in_output)
 

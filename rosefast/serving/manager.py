@@ -292,12 +292,12 @@ class SchedulerManager:
                     taken = True
                     self.backlog.observe(chunk.merged + 1)
                     chunk.index = record.index   # (its tokens' logprobs came merged with them, in the chunk)
+                    lead = record.lead           # (its prompt's facts)
                     if record.index in fresh:
                         fresh.discard(record.index)
-                        lead = record.lead
                         if lead.prompt_logprobs is not None:   # (token id, its entry), the first's None
                             chunk.prompt_logprobs = list(zip(lead.prompt_ids, lead.prompt_logprobs))
-                    chunk.prompt_tokens, chunk.cached_tokens = record.lead.prompt_tokens, record.cached_tokens
+                    chunk.prompt_tokens, chunk.cached_tokens = lead.prompt_tokens, record.cached_tokens
                     if chunk.finished:
                         chunk.stop_string = record.stop_string
                         waiting.remove(record)

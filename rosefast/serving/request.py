@@ -6,7 +6,7 @@ the request's whole serving-side state (no other module keeps a map keyed by req
 
     field          what                              written by (thread)
     id, params     the id, its SamplingParams        add_request, before anyone else sees the record
-    prompt_tokens  the prompt's length (on its lead)   add_request (token ids, inline encode) or a
+    prompt_tokens  the prompt's length (its lead)    add_request (token ids, inline encode) or a
                                                      tokenize worker, before the engine thread gets it
     timing         RequestTiming, or None            each stage its own field: add_request (submit),
                                                      a tokenize worker (tokenized), the engine thread
