@@ -9,14 +9,17 @@ import argparse
 
 from gguf import GGMLQuantizationType
 
-SHAPES = {   # the Hugging Face configs' own numbers (the vocabulary aside: the tokenizer is SmolLM2's)
-    "tiny-256": dict(hidden_size=256, intermediate_size=512),   # the suite's smoke test
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+SHAPES = {   # (family, the Hugging Face config's own numbers: the vocabulary aside, the tokenizer is SmolLM2's)
+    "tiny-256": ("llama", dict(hidden_size=256, intermediate_size=512)),   # the suite's smoke test
+    "llama-3.2-1b": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                          num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=True,
-                         max_position_embeddings=4096, initializer_range=0.02),
-    "smollm2-360m": dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+                         max_position_embeddings=4096, initializer_range=0.02)),
+    "smollm2-360m": ("llama", dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
                          num_key_value_heads=5, rope_theta=100000.0, tie_word_embeddings=True,
-                         max_position_embeddings=4096, initializer_range=0.02),
+                         max_position_embeddings=4096, initializer_range=0.02)),
+    "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1000000.0,
+                                 tie_word_embeddings=True, max_position_embeddings=4096, initializer_range=0.02)),
 }
 
 
@@ -27,11 +30,12 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     from rosefast.models import tiny_random
-    from tests.gguf_writer import write_llama_gguf
+    from tests.gguf_writer import write_gguf
 
-    model = tiny_random("llama", seed=a.seed, **SHAPES[a.shape])
-    args = write_llama_gguf(a.out, model, lambda name: GGMLQuantizationType.F16)
-    print(f"{a.out}: {a.shape}, {args.num_layers} layers, hidden {args.hidden_size}, vocab {args.vocab_size}, F16")
+    family, shape = SHAPES[a.shape]
+    model = tiny_random(family, seed=a.seed, **shape)
+    args = write_gguf(a.out, model, lambda name: GGMLQuantizationType.F16)
+    print(f"{a.out}: {a.shape} ({family}), {args.num_layers} layers, hidden {args.hidden_size}, vocab {args.vocab_size}, F16")
     return a.out
 
 

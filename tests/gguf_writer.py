@@ -1,14 +1,20 @@
-"""A whole GGUF (metadata, tokenizer, tensors) of a tiny random Llama, each weight in the block type a test asks
-for: the embedded SmolLM2 file's metadata and tokenizer (the tiny models share its tokenizer) with the tiny
-model's shapes, the tensors laid out as llama.cpp's converter lays them (q/k rows reordered). rosefast loads it
-as any downloaded file: converted once, its blocks served as they lie."""
+"""A whole GGUF (metadata, tokenizer, tensors) of a tiny random model of any family rosefast serves, each weight in
+the block type a test asks for, written as llama.cpp's converter (convert_hf_to_gguf.py) writes that family: the
+embedded SmolLM2 file's tokenizer (the tiny models share it) with the tiny model's shapes; Llama's and Mistral's
+q/k rows reordered and both under the `llama` architecture; Gemma 3's norms stored as 1 + w, its local layers
+flagged; Phi-3's q|k|v and gate|up fused as its checkpoints are, its partial rotary as `rope.dimension_count`
+and its long-RoPE factors as two tensors. rosefast loads it as any downloaded file: converted once, its blocks
+served as they lie."""
+import functools
+
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFValueType, quants
+from gguf import GGUFValueType, RopeScalingType, quants
 
 from tests.kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from rosefast.models.args import load_model_args
+from rosefast.models.families import FAMILIES
 from rosefast.models.gguf_blocks import _rope_rows
 from rosefast.models.loader import read_hf_state_dict
 from rosefast.models.sources import default_gguf_path
@@ -25,20 +31,12 @@ def quantize(w, kind):
 _FLOATS = {T.F16: np.float16, T.F32: np.float32}
 
 
-def write_llama_gguf(path, model, kind_of):
-    """Write tiny Llama `model` (a ResolvedModel) to `path`; kind_of(gguf tensor name) -> its GGMLQuantizationType
-    (norms are always F32)."""
-    import torch
+#: our families -> the GGUF architecture llama.cpp's converter writes them as
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+             "gemma3_text": "gemma3"}
 
-    args = load_model_args(model.path)
-    hf = read_hf_state_dict(model.path)
-    source = gguf.GGUFReader(str(default_gguf_path()))
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, field in source.fields.items():
-        if key.startswith(("GGUF.", "llama.")) or key in ("general.architecture", "general.file_type"):
-            continue
-        vtype = field.types[0]
-        writer.add_key_value(key, field.contents(), vtype, sub_type=field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+
+def _metadata(writer, args, config):
     writer.add_block_count(args.num_layers)
     writer.add_context_length(args.max_position_embeddings)
     writer.add_embedding_length(args.hidden_size)
@@ -48,33 +46,89 @@ def write_llama_gguf(path, model, kind_of):
     writer.add_rope_freq_base(args.rope_theta)
     writer.add_layer_norm_rms_eps(args.norm_eps)
     writer.add_vocab_size(args.vocab_size)
-    writer.add_rope_dimension_count(args.head_dim)
+    if "head_dim" in config:   # the converter writes a config's explicit head_dim as key/value length
+        writer.add_key_length(args.head_dim)
+        writer.add_value_length(args.head_dim)
+    if args.family == "phi3":
+        rope = dict(args.rope_scaling)
+        writer.add_rope_dimension_count(args.rotary_dim or args.head_dim)
+        writer.add_rope_scaling_orig_ctx_len(config.get("original_max_position_embeddings")
+                                             or args.max_position_embeddings)
+        writer.add_sliding_window(config.get("sliding_window") or 0)
+        if rope.get("rope_type") == "longrope":
+            writer.add_rope_scaling_attn_factors(_longrope_attn_factor(args, rope))
+    elif args.gemma:
+        scaling = dict(args.rope_scaling)
+        if scaling.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_freq_base_swa(args.local_rope[0])
+        writer.add_sliding_window(args.sliding_window)
+        writer.add_sliding_window_pattern([i in args.local_layers for i in range(args.num_layers)])
+    elif args.family in ("llama", "mistral"):
+        writer.add_rope_dimension_count(args.head_dim)
 
-    def add(name, weight, heads=None):
+
+def _longrope_attn_factor(args, rope):
+    import math
+
+    scale = args.max_position_embeddings / rope["original_max_position_embeddings"]
+    return math.sqrt(1 + math.log(scale) / math.log(rope["original_max_position_embeddings"])) if scale > 1 else 1.0
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer_fields():
+    """The embedded SmolLM2 file's tokenizer and general fields, read once (a parse of its vocabulary is seconds)."""
+    fields = []
+    for key, field in gguf.GGUFReader(str(default_gguf_path())).fields.items():
+        if key.startswith(("tokenizer.", "general.")) and key not in ("general.architecture", "general.file_type"):
+            vtype = field.types[0]
+            fields.append((key, field.contents(), vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None))
+    return tuple(fields)
+
+
+def write_gguf(path, model, kind_of):
+    """Write tiny `model` (a ResolvedModel of a llama-module family) to `path`; kind_of(gguf tensor name) -> its
+    GGMLQuantizationType (norms and RoPE factors are always F32). Returns its ModelArgs."""
+    import json
+
+    import torch
+
+    args = load_model_args(model.path)
+    config = json.loads((model.path / "config.json").read_text())
+    hf = read_hf_state_dict(model.path)
+    arch = GGUF_ARCH[args.family]
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value, vtype, sub_type in _tokenizer_fields():
+        writer.add_key_value(key, value, vtype, sub_type=sub_type)
+    _metadata(writer, args, config)
+    names = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), args.num_layers)
+    permuted = FAMILIES[args.family].gguf_qk_permuted
+
+    def add(name, weight):
         w = weight.float()
-        if heads:   # llama.cpp's order: ours is file[rows]
+        heads = {"attn_q": args.num_heads, "attn_k": args.num_kv_heads}.get(name.split(".")[-2]) if permuted else None
+        if heads and w.dim() > 1:   # llama.cpp's order: ours is file[rows]
             file = torch.empty_like(w)
             file[_rope_rows(w.shape[0], heads)] = w
             w = file
+        if args.gemma and name.endswith("norm.weight"):   # Gemma's x * (1 + w), stored as llama.cpp's x * w
+            w = w + 1
         kind = kind_of(name) if w.dim() > 1 else T.F32
         if kind in _FLOATS:
             writer.add_tensor(name, w.numpy().astype(_FLOATS[kind]))
         else:
             writer.add_tensor(name, quantize(w.numpy(), kind), raw_dtype=kind)
 
-    add("token_embd.weight", hf["model.embed_tokens.weight"])
-    add("output_norm.weight", hf["model.norm.weight"])
-    if not args.tie_word_embeddings:
-        add("output.weight", hf["lm_head.weight"])
-    for i in range(args.num_layers):
-        p = f"model.layers.{i}."
-        add(f"blk.{i}.attn_norm.weight", hf[p + "input_layernorm.weight"])
-        add(f"blk.{i}.ffn_norm.weight", hf[p + "post_attention_layernorm.weight"])
-        add(f"blk.{i}.attn_q.weight", hf[p + "self_attn.q_proj.weight"], args.num_heads)
-        add(f"blk.{i}.attn_k.weight", hf[p + "self_attn.k_proj.weight"], args.num_kv_heads)
-        for name, key in (("attn_v", "self_attn.v_proj"), ("attn_output", "self_attn.o_proj"),
-                          ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj")):
-            add(f"blk.{i}.{name}.weight", hf[p + key + ".weight"])
+    for key, weight in hf.items():
+        if key == "lm_head.weight" and args.tie_word_embeddings:
+            continue
+        stem, suffix = key.rsplit(".", 1)
+        add(f"{names.get_name(stem)}.{suffix}", weight)
+    rope = dict(args.rope_scaling)
+    if args.family == "phi3" and rope.get("rope_type") == "longrope":
+        for which in ("long", "short"):
+            writer.add_tensor(f"rope_factors_{which}.weight", np.asarray(rope[f"{which}_factor"], dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as T
 
-from tests.gguf_writer import quantize, write_llama_gguf
+from tests.gguf_writer import quantize, write_gguf
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models import _quant_ops_py, gguf_blocks, quant_ops
@@ -128,7 +128,7 @@ def mixed(default_model, tmp_path_factory):
     from rosefast.models.sources import resolve_model
 
     path = tmp_path_factory.mktemp("kquants") / "tiny-q4_k_m.gguf"
-    write_llama_gguf(path, tiny_random("llama", hidden_size=256, intermediate_size=512), _mixed_kind)
+    write_gguf(path, tiny_random("llama", hidden_size=256, intermediate_size=512), _mixed_kind)
     return resolve_model(str(path))
 
 

@@ -25,6 +25,7 @@ from rosefast.models.quant import (Int4Linear, Int8Linear, block_kernels, check_
                                    quantize_q4_1, quantize_q8_0, weight_bytes)
 from rosefast.models.quant_tiles import pack_tiles, unpack_tiles
 from rosefast.models.sources import gguf_source
+from tests.gguf_writer import write_gguf
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
 TEXT = ("The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Berlin is the capital "
@@ -286,43 +287,11 @@ def test_the_q4_1_blocks_are_kept_beside_the_converted_model(default_model, monk
 
 
 def _write_gguf(path, model, kind=gguf.GGMLQuantizationType.Q8_0):
-    """A GGUF holding `model`'s linears as `kind` and its embedding as Q8_0, laid out as llama.cpp's converter
-    lays the family out (Llama's and Mistral's q/k rows reordered, the Qwen and Gemma families' not; Phi-3's q|k|v
-    as attn_qkv and its gate|up as ffn_up), tensors only."""
-    from rosefast.models.families import FAMILIES
-    from rosefast.models.gguf_blocks import _rope_rows
-
-    args = load_model_args(model.path)
-    hf = read_hf_state_dict(model.path)
-    writer = gguf.GGUFWriter(str(path), args.family)
-    permuted = FAMILIES[args.family].gguf_qk_permuted
-
-    def add(name, weight, heads=None, kind=kind):
-        w = weight.float()
-        if heads and permuted:   # the file's order: ours is file[rows]
-            file = torch.empty_like(w)
-            file[_rope_rows(w.shape[0], heads)] = w
-            w = file
-        writer.add_tensor(name, quants.quantize(w.numpy(), kind), raw_dtype=kind)
-
-    for i in range(args.num_layers):
-        p = f"model.layers.{i}."
-        if FAMILIES[args.family].fused_weights:
-            pairs = (("attn_qkv", "self_attn.qkv_proj"), ("ffn_up", "mlp.gate_up_proj"))
-        else:
-            add(f"blk.{i}.attn_q.weight", hf[p + "self_attn.q_proj.weight"], args.num_heads)
-            add(f"blk.{i}.attn_k.weight", hf[p + "self_attn.k_proj.weight"], args.num_kv_heads)
-            pairs = (("attn_v", "self_attn.v_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"))
-        for name, key in pairs + (("attn_output", "self_attn.o_proj"), ("ffn_down", "mlp.down_proj")):
-            add(f"blk.{i}.{name}.weight", hf[p + key + ".weight"])
-    add("token_embd.weight" if args.tie_word_embeddings else "output.weight",
-        hf["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"],
-        kind=gguf.GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return args, hf
+    """A whole GGUF of `model` as llama.cpp's converter lays its family out (tests/gguf_writer.py), its linears as
+    `kind` and its embedding (or untied head) as Q8_0: (its ModelArgs, the model's own weights)."""
+    embedding = {"token_embd.weight", "output.weight"}
+    args = write_gguf(path, model, lambda name: gguf.GGMLQuantizationType.Q8_0 if name in embedding else kind)
+    return args, read_hf_state_dict(model.path)
 
 
 FILE_LAYOUTS = {"llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {}, "gemma3_text": {},

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rosefast.models.families import FAMILIES
+from rosefast.models.gguf_file import GGUFFile
 
 log = logging.getLogger("rosefast.engine")
 
@@ -209,10 +210,7 @@ def gguf_blocks(path, args):
     lm_head (the tied embedding, or `output.weight`) when it is in one of those formats other than Q4_0/Q4_1;
     "linears": "q4_1" or "q8_0" when every linear is that, else "blocks"; "types": {GGML type name: tensors}.
     None when a linear is in another type (F16, IQ, Q2_K, Q3_K ...): the model is then served as converted."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    tensors = {t.name: t for t in reader.tensors}
+    tensors = GGUFFile(path).tensors
     kinds = _kinds()
     family = FAMILIES[args.family]
     if family.fused_weights:   # Phi-3: llama.cpp keeps q|k|v fused (attn_qkv) and gate|up fused (as ffn_up)

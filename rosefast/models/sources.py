@@ -1,4 +1,5 @@
 """Resolve a model spec to a Hugging Face-format directory, converting a GGUF once into the cache."""
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -133,20 +134,58 @@ def write_marker(directory, **info):
         json.dump(info, f, indent=1)
 
 
+class _ArraysNotMemmaps:
+    """numpy, as gguf's reader sees it during a conversion: the file mapped once as a plain array, so that the
+    ~400k small slices a 50k-token vocabulary is read as are ndarray views (a memmap slice costs ~2x more)."""
+
+    def __getattr__(self, name):
+        import numpy
+
+        return getattr(numpy, name)
+
+    @staticmethod
+    def memmap(*args, **kwargs):
+        import numpy
+
+        return numpy.memmap(*args, **kwargs).view(numpy.ndarray)
+
+
 @contextmanager
 def _gguf_parsed_once():
     """While transformers converts a GGUF, gguf's reader parses the file once and its tensor-name map is built
     once per architecture: transformers makes a reader for the config, the tokenizer and the weights alike
-    (4 parses of the embedded model's 49k-token vocabulary, ~6 s each) and a name map per submodule (~400)."""
+    (4 parses of the embedded model's 49k-token vocabulary, ~6 s each) and a name map per submodule (~400); the
+    metadata it reads for the config is read again for the tokenizer. The one parse reads plain arrays."""
     import gguf
+    import gguf.gguf_reader
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
 
-    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map, gguf.gguf_reader.np, hf_gguf.load_gguf_checkpoint
     gguf.GGUFReader = functools.lru_cache(maxsize=1)(saved[0])
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(saved[1])
+    gguf.gguf_reader.np = _ArraysNotMemmaps()
+    metadata = functools.lru_cache(maxsize=1)(saved[3])
+
+    def load_gguf_checkpoint(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return saved[3](path, return_tensors=return_tensors, **kwargs)
+        return copy.deepcopy(metadata(path))
+
+    hf_gguf.load_gguf_checkpoint = load_gguf_checkpoint
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = saved
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf.gguf_reader.np, hf_gguf.load_gguf_checkpoint = saved
+
+
+def _with_gguf_fixes(config, gguf_path):
+    """transformers' config of a GGUF with what its reader leaves out read from the file (models.gguf_config)."""
+    from rosefast.models.gguf_config import gguf_config_fixes
+    from rosefast.models.gguf_file import GGUFFile
+
+    as_dict = config.to_dict()
+    fixes = gguf_config_fixes(GGUFFile(gguf_path), as_dict)
+    return type(config).from_dict({**as_dict, **fixes}) if fixes else config
 
 
 def convert_gguf(gguf, dest):
@@ -163,11 +202,12 @@ def convert_gguf(gguf, dest):
             config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
         except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
             raise ModelError(f"{str(gguf)!r} is not a readable GGUF model: {e}") from e
+        config = _with_gguf_fixes(config, gguf)
         check_architecture(config.model_type, str(gguf))
         bar.update()
         AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(dest)
         bar.update()
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, config=config, dtype=torch.float32, **kwargs)
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         if getattr(config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # tied: the embedding is the one copy

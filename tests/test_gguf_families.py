@@ -1,0 +1,173 @@
+"""A GGUF of each family, written as llama.cpp's converter writes it, converts to the model it was written from:
+the same shapes and RoPE (what transformers' GGUF reader drops is read from the file: models.gguf_config), the
+same weights, the same logits in Hugging Face's forward and in ours, and its Q8_0 blocks served as they lie."""
+import dataclasses
+import itertools
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from rosefast.models import load_hf_model, load_tokenizer, tiny_random
+from rosefast.models.args import load_model_args
+from rosefast.models.loader import read_hf_state_dict
+from rosefast.models.sources import resolve_model
+from tests.test_quant import TEXT
+from tests.gguf_writer import _longrope_attn_factor, write_gguf
+
+#: each family's tiny model, with what its file has to carry: an explicit head_dim (Qwen3: 32 on a 64-wide
+#: model), a partial rotary and long-RoPE switching at 64 positions (Phi-3), a local layer beside a global one
+#: with their own RoPE, the global one scaled (Gemma 3: its attention scale is 1/sqrt(head_dim) in a GGUF)
+FAMILY_FILES = {
+    "llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {},
+    "phi3": {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 64,
+             "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                 "short_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0], "long_factor": [4.0] * 6}},
+    "gemma3_text": {"query_pre_attn_scalar": 32},
+}
+
+
+def _as_served(args):
+    """What a GGUF of `args`' model says, as llama.cpp reads it: Mistral is written under the `llama`
+    architecture and served as Llama (no window, as llama.cpp serves it)."""
+    args = dataclasses.replace(args, norm_eps=float(np.float32(args.norm_eps)))   # stored as float32
+    rope = dict(args.rope_scaling)
+    if rope.get("rope_type") == "longrope":   # its attention factor written out, as the converter does
+        rope["attention_factor"] = float(np.float32(_longrope_attn_factor(args, rope)))
+        args = dataclasses.replace(args, rope_scaling=tuple(sorted(rope.items())))
+    if args.family == "mistral":
+        return dataclasses.replace(args, family="llama", sliding_window=0)
+    return args
+
+
+@pytest.fixture(scope="module", params=list(FAMILY_FILES))
+def family_file(request, tmp_path_factory):
+    """(the tiny directory model, the model its F32 GGUF converts to)"""
+    family = request.param
+    model = tiny_random(family, **FAMILY_FILES[family])
+    path = tmp_path_factory.mktemp("gguf") / f"{family}.f32.gguf"
+    write_gguf(path, model, lambda name: T.F32)
+    return model, resolve_model(str(path))
+
+
+def test_the_file_converts_to_the_same_shapes_rope_and_weights(family_file):
+    model, converted = family_file
+    assert converted.source == "gguf"
+    assert load_model_args(converted.path) == _as_served(load_model_args(model.path))
+    ours, theirs = read_hf_state_dict(converted.path), read_hf_state_dict(model.path)
+    assert sorted(ours) == sorted(theirs)
+    for name, weight in theirs.items():   # Gemma's norms went through 1 + w and back
+        torch.testing.assert_close(ours[name], weight, atol=1e-6, rtol=0, msg=name)
+
+
+def _hf_logits(path, ids):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def test_the_converted_model_gives_hugging_faces_logits_past_the_long_rope_switch(family_file):
+    """Hugging Face's own forward over the directory and over the conversion of its GGUF: 80 positions cross
+    Phi-3's long-RoPE switch (64) and reach past nothing else."""
+    model, converted = family_file
+    ids = [(i * 7919) % 40000 + 17 for i in range(80)]
+    torch.testing.assert_close(_hf_logits(converted.path, ids), _hf_logits(model.path, ids), atol=1e-4, rtol=0)
+
+
+def test_the_gguf_is_served_as_hugging_face_generates_from_the_directory(family_file):
+    from rosefast.engine.llm_engine import LLMEngine
+    from rosefast.engine.sampling_params import SamplingParams
+
+    model, converted = family_file
+    tok = load_tokenizer(model)
+    prompt = tok("The tiny model says").input_ids
+    with torch.inference_mode():
+        want = load_hf_model(model).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                             pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(prompt):]
+    engine = LLMEngine(model=converted, dtype="float32", kv_cache_tokens=1024, quantization="none")
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    assert engine.generate([prompt], params, use_tqdm=False)[0]["token_ids"] == want.tolist()
+
+
+def test_each_familys_q8_0_file_is_served_from_its_blocks_near_hugging_faces_numbers(family_file, tmp_path):
+    """The same model as Q8_0 blocks (its head and embedding too), served with `auto` (the file's own blocks, the
+    int8 kernels where the CPU has them): its prompt loglikelihoods within 0.03 nats/token of Hugging Face's on
+    the directory (the int8 bound of tests/test_quant.py)."""
+    from rosefast.engine.llm_engine import LLMEngine
+    from rosefast.engine.sampling_params import SamplingParams
+    from rosefast.models.quant import Int8Linear
+
+    model, _ = family_file
+    path = tmp_path / f"{model.model_type}.q8_0.gguf"
+    write_gguf(path, model, lambda name: T.Q8_0)
+    engine = LLMEngine(model=resolve_model(str(path)), dtype="float32", kv_cache_tokens=1024, quantization="auto")
+    served = engine.runner.model
+    assert isinstance(served.layers[0].o, Int8Linear) and isinstance(served.lm_head, Int8Linear)
+    ids = load_tokenizer(model)(TEXT).input_ids
+    scored = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    ours = torch.tensor([lp for lp, _ in scored["prompt_logprobs"][1:]])
+    want = torch.log_softmax(_hf_logits(model.path, ids)[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert abs((ours - want).mean()) < 0.03 and (ours - want).abs().max() < 0.3
+
+
+def test_a_qwen3_gguf_is_served_over_http_as_hugging_face_generates(tmp_path):
+    """The most downloaded family from a file, through a real gunicorn (the file converted here first, the
+    server finding it in the cache by the file): its greedy completion is Hugging Face's own greedy generation
+    on the directory it was written from."""
+    import requests
+
+    from tests.serving import Server, tiny_env
+
+    model = tiny_random("qwen3")
+    path = tmp_path / "qwen3.f32.gguf"
+    write_gguf(path, model, lambda name: T.F32)
+    assert resolve_model(str(path)).converted
+    tok = load_tokenizer(model)
+    prompt = tok("The tiny model says").input_ids
+    with torch.inference_mode():
+        want = load_hf_model(model).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                             pad_token_id=tok.pad_token_id, eos_token_id=None)[0, len(prompt):]
+    s = Server({**tiny_env(model, quantization="none"), "ROSEFAST_MODEL": str(path)})
+    try:
+        r = requests.post(s.url + "/v1/completions", json={"prompt": "The tiny model says", "max_tokens": 12,
+                                                           "temperature": 0, "ignore_eos": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert requests.get(s.url + "/v1/models", timeout=10).json()["data"][0]["id"] == "tiny"
+    finally:
+        s.stop()
+    assert r.json()["choices"][0]["text"] == tok.decode(want.tolist())
+
+
+def test_our_gguf_reader_reads_the_tensors_and_values_ggufs_own_reader_reads(tmp_path):
+    """rosefast.models.gguf_file steps over the vocabulary (kept as its length) and maps the tensors: every
+    tensor's type, shape and bytes and every other value as gguf's reader gives them, on the embedded file and
+    on a file of mixed block types."""
+    import gguf
+    import numpy as np
+
+    from rosefast.models.gguf_file import GGUFError, GGUFFile
+    from rosefast.models.sources import default_gguf_path
+
+    mixed = tmp_path / "mixed.gguf"
+    kinds = itertools.cycle([T.Q8_0, T.Q4_0, T.Q5_1, T.F16])
+    write_gguf(mixed, tiny_random("gemma3_text", **FAMILY_FILES["gemma3_text"]), lambda name: next(kinds))
+    for path in (default_gguf_path(), mixed):
+        ours, theirs = GGUFFile(path), gguf.GGUFReader(str(path))
+        assert list(ours.tensors) == [t.name for t in theirs.tensors]
+        for t in theirs.tensors:
+            o = ours.tensors[t.name]
+            assert (o.tensor_type, o.shape, o.data.dtype) == (t.tensor_type, tuple(int(x) for x in t.shape),
+                                                             t.data.dtype)
+            assert np.array_equal(o.data, t.data), t.name
+        for key, field in theirs.fields.items():
+            if key.startswith("GGUF."):
+                continue
+            value = field.contents()
+            strings = isinstance(value, list) and value and isinstance(value[0], str)
+            assert ours.value(key) == (len(value) if strings else value), key
+    assert len({t.tensor_type for t in GGUFFile(mixed).tensors.values()}) == 5   # F32 norms beside the four
+    (tmp_path / "not.gguf").write_bytes(b"GGML" + bytes(60))
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        GGUFFile(tmp_path / "not.gguf")
