@@ -29,11 +29,12 @@ def _decode_logits(runner):
 @needs
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("variant", ["llama", "qkv-bias", "mistral-window"])
+@pytest.mark.parametrize("variant", ["llama", "qkv-bias", "mistral-window", "qwen3-qk-norm"])
 def test_one_call_per_layer_gives_the_per_op_paths_bits(dtype, variant, tier):
     model = {"llama": lambda: tiny_random("llama"), "qkv-bias": lambda: tiny_random("llama", attention_bias=True),
-             "mistral-window": lambda: tiny_random("mistral", sliding_window=8)}[variant]()   # a window the 21-token
-    # prompt and its decode steps cross
+             "mistral-window": lambda: tiny_random("mistral", sliding_window=8),   # a window the 21-token
+             # prompt and its decode steps cross
+             "qwen3-qk-norm": lambda: tiny_random("qwen3")}[variant]()   # per-head q/k norms, head_dim 32 of 64
     runner = _engine(model, dtype, kernels=tier).runner
     plans = runner.model.decode_plans
     assert plans is not None and all(type(p) is decode_layer.impl.LayerPlan for p in plans)
@@ -61,13 +62,16 @@ def test_only_block_kernel_layers_get_a_plan_and_bad_inputs_are_named(tiny_llama
 
 @needs
 def test_a_layer_with_parts_the_plan_does_not_implement_is_refused_by_name(default_model):
-    """Qwen3's per-head q/k norms are not in the one-call plan: its layers are refused, naming those parts, and
-    decode runs per op (with the norms) on the same block kernels; never a plan that would skip them."""
-    qwen3 = tiny_random("qwen3")
-    runner = _engine(qwen3, "float32", kernels=TIERS[-1]).runner
+    """Gemma 3's norms around the attention's and the MLP's outputs (and its GELU MLP) are not in the one-call
+    plan: its layers are refused, naming those parts, and decode runs per op (with them) on the same block
+    kernels; never a plan that would skip them."""
+    gemma = tiny_random("gemma3_text")
+    runner = _engine(gemma, "float32", kernels=TIERS[-1]).runner
     layer = runner.model.layers[0]
     assert decode_layer.impl.fits(layer)   # its linears alone would fit
     assert runner.model.decode_plans is None
-    assert runner.model.plan_decode_layers() == "the one-call plan does not implement this layer's k_norm, q_norm"
-    assert decode_layer.unplanned(_engine(tiny_random("llama"), "float32", kernels=TIERS[-1]).runner.model.layers[0]) \
-        == []
+    assert runner.model.plan_decode_layers() == \
+        "the one-call plan does not implement this layer's post_attn_norm, post_mlp_norm"
+    for family in ("llama", "qwen3"):
+        layer = _engine(tiny_random(family), "float32", kernels=TIERS[-1]).runner.model.layers[0]
+        assert decode_layer.unplanned(layer) == []

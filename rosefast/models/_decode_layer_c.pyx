@@ -1,6 +1,6 @@
 # cython: language_level=3
-"""One Llama layer's decode step as one call: RMSNorm, the q|k|v linear, RoPE and the K/V store, paged
-attention, the o linear, RMSNorm, gate|up, SiLU-mul and down, each the C kernel the per-op path runs
+"""One Llama layer's decode step as one call: RMSNorm, the q|k|v linear, the per-head q/k RMSNorms where the
+family has them (Qwen3), RoPE and the K/V store, paged attention, the o linear, RMSNorm, gate|up, SiLU-mul and down, each the C kernel the per-op path runs
 (csrc/decode_kernels.h, csrc/quant_kernels.h) in the same order, so the results are the same bits; twin:
 _decode_layer_py (the layer's own forward). For layers whose four linears run on the block kernels
 (rosefast.models.quant), fp32 or bf16, on the CPU.
@@ -63,7 +63,7 @@ cdef class LayerPlan:
     """A layer's weights as pointers, made once its weights are final (the plan holds the tensors it points
     into, so a layer whose weights are replaced later keeps a stale plan, never a dangling one)."""
     cdef Linear lin[4]
-    cdef uintptr_t input_norm, post_norm
+    cdef uintptr_t input_norm, post_norm, q_norm, k_norm
     cdef readonly object layer
     cdef object tensors
     cdef int nh, nkv, D
@@ -87,6 +87,11 @@ cdef class LayerPlan:
         self.eps, self.scale, self.window = a.norm_eps, layer.scale, layer.window
         self.input_norm = _ptr(layer.input_norm.data, self.dtype, "input_norm")
         self.post_norm = _ptr(layer.post_norm.data, self.dtype, "post_norm")
+        self.q_norm = self.k_norm = 0
+        if a.qk_norm:   # per head of q and of k, in place on the q|k|v rows
+            self.tensors += [layer.q_norm.data, layer.k_norm.data]
+            self.q_norm = _ptr(layer.q_norm.data, self.dtype, "q_norm")
+            self.k_norm = _ptr(layer.k_norm.data, self.dtype, "k_norm")
         cdef int tier = _tier(layer).index
         shapes = ((self.qkv_n, self.hidden), (self.hidden, self.nh * self.D), (2 * self.inter, self.hidden),
                   (self.hidden, self.inter))
@@ -173,13 +178,21 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
     cdef uintptr_t pgu = pob + B * H * es, pact = pgu + B * 2 * I * es
     cdef Linear *lin = plan.lin
     cdef float eps = plan.eps, scale = plan.scale
-    cdef int64_t window = plan.window
+    cdef int64_t window = plan.window, b
+    cdef uintptr_t qn = plan.q_norm, kn = plan.k_norm
+    cdef uint16_t *row
+    cdef float *frow
     cdef int rc = 0
     with nogil:
         if bf16:
             rf_rms_norm_bf16(<uint16_t *>px, <const uint16_t *>py, <const uint16_t *>plan.input_norm, <uint16_t *>ph,
                              B, H, eps)
             rc |= _linear(&lin[0], <void *>ph, 1, B, <void *>pqkv)
+            if qn:
+                for b in range(B):
+                    row = <uint16_t *>pqkv + b * QKV
+                    rf_rms_norm_bf16(row, NULL, <const uint16_t *>qn, row, nh, D, eps)
+                    rf_rms_norm_bf16(row + nh * D, NULL, <const uint16_t *>kn, row + nh * D, nkv, D, eps)
             rf_store_kv_bf16(<uint16_t *>pqkv, B, nh, nkv, D, <const int64_t *>psl, <const uint16_t *>pc,
                              <const uint16_t *>ps, <uint16_t *>pk, <uint16_t *>pv, pool_slots)
             rc |= rf_decode_attention_bf16(<const uint16_t *>pqkv, B, nh, nkv, D, <const uint16_t *>pk,
@@ -194,6 +207,11 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
         else:
             rf_rms_norm_f32(<float *>px, <const float *>py, <const float *>plan.input_norm, <float *>ph, B, H, eps)
             rc |= _linear(&lin[0], <void *>ph, 0, B, <void *>pqkv)
+            if qn:
+                for b in range(B):
+                    frow = <float *>pqkv + b * QKV
+                    rf_rms_norm_f32(frow, NULL, <const float *>qn, frow, nh, D, eps)
+                    rf_rms_norm_f32(frow + nh * D, NULL, <const float *>kn, frow + nh * D, nkv, D, eps)
             rf_store_kv_f32(<float *>pqkv, B, nh, nkv, D, <const int64_t *>psl, <const float *>pc, <const float *>ps,
                             <float *>pk, <float *>pv, pool_slots)
             rc |= rf_decode_attention_f32(<const float *>pqkv, B, nh, nkv, D, <const float *>pk, <const float *>pv,

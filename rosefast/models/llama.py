@@ -39,7 +39,7 @@ class LlamaLayer(nn.Module):
         h = ops.rms_norm(x, self.input_norm, a.norm_eps, residual)
         qkv = self.qkv.forward(h)                                                      # [T, (H+2Hkv)*D]
         if a.qk_norm:
-            _norm_heads(qkv, a.num_heads, a.num_kv_heads, self.q_norm, self.k_norm, a.norm_eps)
+            _norm_heads(qkv, a.num_heads, a.num_kv_heads, self.q_norm, self.k_norm, a.norm_eps, ops)
         ops.store_kv(qkv, a.num_heads, a.num_kv_heads, meta.slot_mapping, k_cache, v_cache, cos, sin)
         attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops, self.window)
         if a.gemma:   # post_norm is Gemma's pre-feedforward norm; the MLP is tanh-GELU gated
@@ -59,14 +59,12 @@ def layer_window(args, i):
     return args.sliding_window
 
 
-def _norm_heads(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps):
-    """In place on qkv [T, (H+2Hkv)*D]: each q and k head RMS-normalized over D (in fp32, as Hugging Face's
-    Qwen3RMSNorm: the weight multiplies after the cast back)."""
+def _norm_heads(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, ops):
+    """In place on qkv [T, (H+2Hkv)*D]: each q and k head RMS-normalized over D by the kernels' RMSNorm (the
+    compiled one computes in fp32 and rounds once; the one-call decode plan runs the same rows in place)."""
     heads = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, -1)                  # [T, H+2Hkv, D]
     for part, weight in ((heads[:, :num_heads], q_weight), (heads[:, num_heads:num_heads + num_kv_heads], k_weight)):
-        x = part.to(torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-        part.copy_(weight * x.to(part.dtype))
+        part.copy_(ops.rms_norm(part.contiguous(), weight, eps))
 
 
 class LlamaModel(nn.Module):
