@@ -126,6 +126,13 @@ def write_gguf(path, model, kind_of):
         stem, suffix = key.rsplit(".", 1)
         add(f"{names.get_name(stem)}.{suffix}", weight)
     rope = dict(args.rope_scaling)
+    if rope.get("rope_type") == "llama3":   # llama.cpp's converter: the per-frequency divisors as a tensor
+        from rosefast.models.gguf_config import _llama3_factors
+
+        inv_freq = [1.0 / args.rope_theta ** (i / args.head_dim) for i in range(0, args.head_dim, 2)]
+        writer.add_tensor("rope_freqs.weight", np.asarray(_llama3_factors(
+            inv_freq, rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
+            rope["original_max_position_embeddings"]), dtype=np.float32))
     if args.family == "phi3" and rope.get("rope_type") == "longrope":
         for which in ("long", "short"):
             writer.add_tensor(f"rope_factors_{which}.weight", np.asarray(rope[f"{which}_factor"], dtype=np.float32))

@@ -18,8 +18,14 @@ from tests.gguf_writer import _longrope_attn_factor, write_gguf
 #: each family's tiny model, with what its file has to carry: an explicit head_dim (Qwen3: 32 on a 64-wide
 #: model), a partial rotary and long-RoPE switching at 64 positions (Phi-3), a local layer beside a global one
 #: with their own RoPE, the global one scaled (Gemma 3: its attention scale is 1/sqrt(head_dim) in a GGUF)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}   # Llama 3.1's own
 FAMILY_FILES = {
     "llama": {}, "qwen2": {}, "qwen3": {}, "mistral": {},
+    # Llama 3.x's RoPE scaling, written by llama.cpp as per-frequency divisors: Llama 3's own parameters read
+    # back; other parameters (a 512-position original) kept as the divisors themselves
+    "llama-rope-llama3": {"rope_parameters": LLAMA3_ROPE},
+    "llama-rope-divisors": {"rope_parameters": {**LLAMA3_ROPE, "original_max_position_embeddings": 512}},
     "phi3": {"partial_rotary_factor": 0.75, "original_max_position_embeddings": 64,
              "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                  "short_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0], "long_factor": [4.0] * 6}},
@@ -43,9 +49,8 @@ def _as_served(args):
 @pytest.fixture(scope="module", params=list(FAMILY_FILES))
 def family_file(request, tmp_path_factory):
     """(the tiny directory model, the model its F32 GGUF converts to)"""
-    family = request.param
-    model = tiny_random(family, **FAMILY_FILES[family])
-    path = tmp_path_factory.mktemp("gguf") / f"{family}.f32.gguf"
+    model = tiny_random(request.param.split("-")[0], **FAMILY_FILES[request.param])
+    path = tmp_path_factory.mktemp("gguf") / f"{request.param}.f32.gguf"
     write_gguf(path, model, lambda name: T.F32)
     return model, resolve_model(str(path))
 
@@ -53,7 +58,13 @@ def family_file(request, tmp_path_factory):
 def test_the_file_converts_to_the_same_shapes_rope_and_weights(family_file):
     model, converted = family_file
     assert converted.source == "gguf"
-    assert load_model_args(converted.path) == _as_served(load_model_args(model.path))
+    ours, theirs = load_model_args(converted.path), _as_served(load_model_args(model.path))
+    if dict(theirs.rope_scaling).get("original_max_position_embeddings") == 512:   # the divisors kept as such
+        rope = dict(ours.rope_scaling)
+        assert rope["rope_type"] == "longrope" and rope["short_factor"] == rope["long_factor"]
+        assert rope["original_max_position_embeddings"] == ours.max_position_embeddings   # never switches
+        ours = dataclasses.replace(ours, rope_scaling=theirs.rope_scaling)
+    assert ours == theirs
     ours, theirs = read_hf_state_dict(converted.path), read_hf_state_dict(model.path)
     assert sorted(ours) == sorted(theirs)
     for name, weight in theirs.items():   # Gemma's norms went through 1 + w and back

@@ -6,8 +6,11 @@
 transformers maps a fixed list of keys per architecture; a Qwen3's `key_length` (its head_dim is not
 hidden / heads), a Phi-3's `rope.dimension_count` (a partial rotary) and long-RoPE factors (two tensors beside
 the weights), and Gemma 3's layer pattern, local RoPE base and attention scale are not in it, and its defaults
-for them would build a model of other shapes or other numbers than the file's.
+for them would build a model of other shapes or other numbers than the file's; nor is Llama 3's RoPE scaling,
+which llama.cpp writes as a tensor.
 """
+import math
+
 
 
 def _tensor(reader, name):
@@ -68,6 +71,42 @@ def _gemma3(reader, config, head_dim):
                 "rope_type": "default", "rope_theta": float(reader.value("gemma3.rope.freq_base_swa", 10000.0))}}}
 
 
+def _llama3_factors(inv_freq, factor, low, high, old_len):
+    """llama.cpp's converter's `rope_freqs` for Llama 3's RoPE scaling: each frequency's divisor."""
+    out = []
+    for freq in inv_freq:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_len / high:
+            out.append(1.0)
+        elif wavelen > old_len / low:
+            out.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def _llama(reader, config, head_dim):
+    """Llama 3.x's RoPE scaling, which llama.cpp writes as a tensor of per-frequency divisors (`rope_freqs`), not
+    as parameters: Llama 3's own parameters when the divisors are theirs (factor = the largest divisor, 1 and 4,
+    8192 positions: every Llama 3.1 / 3.2), else the divisors themselves as a RoPE that never switches (the
+    `longrope` form with one set of factors), so the numbers are the file's either way."""
+    divisors = _tensor(reader, "rope_freqs.weight")
+    if not divisors:
+        return {}
+    theta = float(reader.value("llama.rope.freq_base", 10000.0))
+    inv_freq = [1.0 / theta ** (i / head_dim) for i in range(0, head_dim, 2)]
+    llama3 = {"rope_type": "llama3", "rope_theta": theta, "factor": max(divisors), "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    standard = _llama3_factors(inv_freq, max(divisors), 1.0, 4.0, 8192)
+    if len(standard) == len(divisors) and all(abs(a - b) <= 1e-5 * b for a, b in zip(standard, divisors)):
+        return {"rope_parameters": llama3}
+    positions = config["max_position_embeddings"]
+    return {"original_max_position_embeddings": positions, "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": theta, "short_factor": divisors, "long_factor": divisors,
+        "original_max_position_embeddings": positions, "attention_factor": 1.0}}
+
+
 def gguf_config_fixes(reader, config):
     """The Hugging Face config fields (a dict) that `config` (transformers' reading of the file, as a dict) gets
     wrong or lacks, from the GGUF `reader`'s metadata."""
@@ -77,7 +116,9 @@ def gguf_config_fixes(reader, config):
     head_dim = key_length or config["hidden_size"] // config["num_attention_heads"]
     if key_length and key_length != config.get("head_dim"):
         fixes["head_dim"] = int(key_length)
-    if arch == "phi3":
+    if arch == "llama":
+        fixes.update(_llama(reader, config, head_dim))
+    elif arch == "phi3":
         fixes.update(_phi3(reader, config, head_dim))
     elif arch == "gemma3":
         fixes.update(_gemma3(reader, config, head_dim))
