@@ -64,7 +64,9 @@ def _metadata(writer, args, config):
             writer.add_rope_scaling_factor(scaling["factor"])
         writer.add_rope_freq_base_swa(args.local_rope[0])
         writer.add_sliding_window(args.sliding_window)
-        writer.add_sliding_window_pattern([i in args.local_layers for i in range(args.num_layers)])
+        local = [i in args.local_layers for i in range(args.num_layers)]
+        if local != [i % 6 < 5 for i in range(args.num_layers)]:   # llama.cpp's default (its converter writes none)
+            writer.add_sliding_window_pattern(local)
     elif args.family in ("llama", "mistral"):
         writer.add_rope_dimension_count(args.head_dim)
 

@@ -30,6 +30,9 @@ FAMILY_FILES = {
              "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                  "short_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0], "long_factor": [4.0] * 6}},
     "gemma3_text": {"query_pre_attn_scalar": 32},
+    # Gemma 3's own pattern (five local layers, then a global one), which llama.cpp's converter does not write
+    "gemma3_text-pattern": {"query_pre_attn_scalar": 32, "num_hidden_layers": 6, "sliding_window_pattern": 6,
+                            "layer_types": None},
 }
 
 
@@ -46,7 +49,7 @@ def _as_served(args):
     return args
 
 
-FAMILIES = [name for name in FAMILY_FILES if "-" not in name]   # the rope variants' layers are Llama's
+FAMILIES = [name for name in FAMILY_FILES if "-" not in name]   # a variant's layers are its family's
 
 
 @pytest.fixture(scope="module", params=list(FAMILY_FILES))
