@@ -1,9 +1,9 @@
 # cython: language_level=3
 """One Llama layer's decode step as one call: RMSNorm, the q|k|v linear, the per-head q/k RMSNorms where the
-family has them (Qwen3), RoPE and the K/V store, paged attention, the o linear, RMSNorm, gate|up, SiLU-mul and down, each the C kernel the per-op path runs
-(csrc/decode_kernels.h, csrc/quant_kernels.h) in the same order, so the results are the same bits; twin:
-_decode_layer_py (the layer's own forward). For layers whose four linears run on the block kernels
-(rosefast.models.quant), fp32 or bf16, on the CPU.
+family has them (Qwen3), RoPE and the K/V store, paged attention, the o linear, RMSNorm, gate|up, SiLU-mul and
+down, each the C kernel the per-op path runs (csrc/decode_kernels.h, csrc/quant_kernels.h) in the same order,
+so the results are the same bits; twin: _decode_layer_py (the layer's own forward). For layers whose four
+linears run on the block kernels (rosefast.models.quant), fp32 or bf16, on the CPU.
 
     if fits(layer): plan = LayerPlan(layer)                       # once: the weights' pointers
     step = StepInputs(cos, sin, meta)                             # once a step: what every layer shares

@@ -12,7 +12,6 @@ which llama.cpp writes as a tensor.
 import math
 
 
-
 def _tensor(reader, name):
     t = reader.tensors.get(name)
     return None if t is None else [float(x) for x in t.data.reshape(-1)]
