@@ -39,3 +39,16 @@ def test_the_llama_cpp_comparison_runs_where_a_llama_server_is_built(capsys):
     assert [(name, c) for name, c, _, _ in rows] == [("llama.cpp", 1), ("rosefast", 1)]
     assert all(f["completed"] == 1 for *_, f in rows)
     assert "c=1: rosefast / llama.cpp ITL p50" in capsys.readouterr().out
+
+
+def test_the_startup_benchmark_converts_once_then_reads_the_cache(tiny_llama, tmp_path):
+    from benches import startup
+    from tests.gguf_writer import write_gguf
+    from gguf import GGMLQuantizationType as T
+
+    path = tmp_path / "q8_0.gguf"
+    write_gguf(path, tiny_llama, lambda name: T.Q8_0)
+    first, later = startup.main(["--model", str(path), "--starts", "2"])
+    assert first["converted"] and not later["converted"]
+    assert first["tokens"] == later["tokens"] and len(first["tokens"]) == 8
+    assert later["cache_mb"] == first["cache_mb"] and later["peak_rss_gb"] > 0

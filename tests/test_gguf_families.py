@@ -130,6 +130,40 @@ def test_each_familys_q8_0_file_is_served_from_its_blocks_near_hugging_faces_num
     assert abs((ours - want).mean()) < 0.03 and (ours - want).abs().max() < 0.3
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma3_text"])
+def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as_transformers_reads_it(
+        family, tmp_path):
+    """A file whose layer linears are all in block formats (a mix here) converts to everything but them — they are
+    read from the file at load — and the model loaded from it is transformers' own reading of the whole file, bit
+    for bit: the blocks dequantized in our order (Llama's q/k rows, Phi-3's fused q|k|v with its partial rotary),
+    the rest through transformers (Gemma's norm offset)."""
+    from rosefast.models.gguf_convert import hf_model_from_gguf
+    from rosefast.models.llama import llama_state_dict
+    from rosefast.models.loader import load_model
+    from rosefast.models.sources import gguf_source, left_in_gguf
+
+    linear_kinds = itertools.cycle([T.Q8_0, T.Q4_0, T.Q5_1, T.Q4_1, T.Q5_0])
+    path = tmp_path / f"{family}.mixed.gguf"
+    write_gguf(path, tiny_random(family, **FAMILY_FILES[family]),
+               lambda name: next(linear_kinds) if name.startswith("blk.") and "norm" not in name else T.F32)
+    converted = resolve_model(str(path))
+    args = load_model_args(converted.path)
+    gguf, left = left_in_gguf(converted.path)
+    assert gguf == path and gguf_source(converted) == path
+    linears = [k for k in read_hf_state_dict(converted.path) if k.startswith("model.layers.") and
+               k.endswith("_proj.weight")]
+    assert not linears, f"dense linears were written into {converted.path}: {linears[:3]}"
+    per_layer = 4 if family == "phi3" else 7
+    assert len(left) == per_layer * args.num_layers and all(k.endswith("_proj.weight") for k in left)
+    ours = load_model(converted)[0].state_dict()
+    theirs = llama_state_dict(hf_model_from_gguf(path).state_dict(), args)
+    assert sorted(ours) == sorted(theirs)
+    for name, weight in theirs.items():
+        assert torch.equal(ours[name], weight), name
+    lean = load_model(converted, lean=True)[0]
+    assert lean.layers[0].qkv.weight.is_meta and not lean.layers[0].input_norm.is_meta   # left for the blocks
+
+
 def test_a_qwen3_gguf_is_served_over_http_as_hugging_face_generates(tmp_path):
     """The most downloaded family from a file, through a real gunicorn (the file converted here first, the
     server finding it in the cache by the file): its greedy completion is Hugging Face's own greedy generation

@@ -183,20 +183,18 @@ def test_an_int8_head_asked_for_by_name_is_q8_0_whatever_the_file_holds(mixed):
     assert not isinstance(engine.runner.model.embed, BlockEmbedding)   # its own table: the head is not the file's
 
 
-def test_the_blocks_of_a_mixed_file_are_kept_and_read_back_as_they_were(mixed, monkeypatch):
+def test_the_tiles_of_a_mixed_file_are_kept_and_read_back_as_they_were(mixed, monkeypatch):
+    from rosefast.models import tiles_cache
     from rosefast.models.args import load_model_args
     from rosefast.models.sources import gguf_source
+    from tests.test_quant import same_tiles
 
     args, source = load_model_args(mixed.path), gguf_source(mixed)
-    first = gguf_blocks.cached_blocks(source, args, mixed.path)
-    assert (mixed.path / gguf_blocks.BLOCKS_FILE).is_file() and first["linears"] == "blocks"
-    monkeypatch.setattr(gguf_blocks, "gguf_blocks", lambda *_: pytest.fail("the GGUF was read again"))
-    again = gguf_blocks.cached_blocks(source, args, mixed.path)
-    assert again["types"] == first["types"] and again.keys() == first.keys()
-    for key in [k for k in first if isinstance(k, int)]:
-        for name, parts in first[key].items():
-            assert [f for f, _ in parts] == [f for f, _ in again[key][name]]
-            assert all(torch.equal(a, b) for (_, x), (_, y) in zip(parts, again[key][name]) for a, b in zip(x, y))
+    first = tiles_cache.cached_tiles(source, args, mixed.path)
+    assert (mixed.path / tiles_cache.TILES_FILE).is_file() and first["linears"] == "blocks"
+    monkeypatch.setattr(tiles_cache, "file_tiles", lambda *_: pytest.fail("the GGUF was read again"))
+    again = tiles_cache.cached_tiles(source, args, mixed.path)
+    assert [t.fmt for t in again[0]["qkv"]] == ["q4_k", "q6_k"] and same_tiles(first, again)
 
 
 def test_on_torch_ops_a_mixed_file_is_dequantized_once_and_quantized_again(mixed, caplog):

@@ -16,6 +16,7 @@ from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models.args import load_model_args
 from rosefast.models.llama import llama_state_dict
+from rosefast.models import load_hf_model
 from rosefast.models.loader import read_hf_state_dict
 from rosefast.models import _quant_ops_py, quant_ops
 from rosefast.models.tiny import tiny_random
@@ -44,7 +45,7 @@ def test_q4_1_blocks_from_the_gguf_dequantize_bit_exactly_to_gguf_and_to_the_con
             checked += 1
     assert checked == 14
     args = load_model_args(default_model.path)
-    converted = llama_state_dict(read_hf_state_dict(default_model.path), args)
+    converted = llama_state_dict(load_hf_model(default_model).state_dict(), args)   # transformers reading the file
     layers = gguf_blocks(path, args)   # fused q|k|v and gate|up, q/k rows in Hugging Face's order
     for i in (0, 17, 29):
         for name in ("qkv", "o", "gate_up", "down"):
@@ -252,38 +253,41 @@ def test_the_lm_head_setting():
         EngineConfig(quantize_lm_head="int3")
 
 
-def test_the_q4_1_blocks_are_kept_beside_the_converted_model(default_model, monkeypatch):
-    """After the first start the blocks come from their own file (the GGUF's reader takes ~4 s on the tokenizer's
-    metadata), bit for bit; a damaged file is rebuilt from the GGUF."""
-    from rosefast.models import gguf_blocks as blocks
+def same_tiles(a, b):
+    """Two tiles_cache dicts hold the same tiles, part for part."""
+    def parts(x, y):
+        return [(t.fmt, t.n) for t in x] == [(t.fmt, t.n) for t in y] and all(
+            (u is None) == (v is None) and (u is None or torch.equal(u, v))
+            for s, t in zip(x, y) for u, v in zip((s.w, s.d, s.m, s.sc, s.mn), (t.w, t.d, t.m, t.sc, t.mn)))
+
+    return a.keys() == b.keys() and a["linears"] == b["linears"] and a["types"] == b["types"] \
+        and all(parts(a[i][n], b[i][n]) for i in a if isinstance(i, int) for n in a[i]) \
+        and parts(a.get("head", []), b.get("head", []))
+
+
+def test_the_q4_1_tiles_are_kept_beside_the_converted_model(default_model, monkeypatch):
+    """After the first start the kernels' tiles come from their own file (the GGUF's reader takes ~4 s on the
+    tokenizer's metadata, the re-laying out seconds more), bit for bit; a damaged file is rebuilt from the GGUF."""
+    from rosefast.models import tiles_cache
     from rosefast.models.args import load_model_args
 
     args, source, cache = load_model_args(default_model.path), gguf_source(default_model), default_model.path
-    first = blocks.cached_blocks(source, args, cache)
-    kept = cache / blocks.BLOCKS_FILE
+    first = tiles_cache.cached_tiles(source, args, cache)
+    kept = cache / tiles_cache.TILES_FILE
     assert kept.is_file()
 
     def no_reading(*_):
         raise AssertionError("the GGUF was read again")
 
-    read = blocks.gguf_blocks
-    monkeypatch.setattr(blocks, "gguf_blocks", no_reading)
-    again = blocks.cached_blocks(source, args, cache)
-
-    def same_parts(a, b):
-        return [f for f, _ in a] == [f for f, _ in b] and all(
-            len(x) == len(y) and all(torch.equal(u, v) for u, v in zip(x, y)) for (_, x), (_, y) in zip(a, b))
-
-    def same(a, b):
-        return a.keys() == b.keys() and a["linears"] == b["linears"] and a["types"] == b["types"] \
-            and all(same_parts(a[i][n], b[i][n]) for i in a if isinstance(i, int) for n in a[i]) \
-            and same_parts(a["head"], b["head"])
-
-    assert first["linears"] == "q4_1" and "head" in first and same(first, again) and same(first, read(source, args))
+    read = tiles_cache.file_tiles
+    monkeypatch.setattr(tiles_cache, "file_tiles", no_reading)
+    again = tiles_cache.cached_tiles(source, args, cache)
+    assert first["linears"] == "q4_1" and "head" in first
+    assert same_tiles(first, again) and same_tiles(first, read(source, args))
     monkeypatch.undo()
     kept.write_bytes(b"damaged")
-    assert same(first, blocks.cached_blocks(source, args, cache))
-    assert same(first, blocks._load_blocks(kept, args))   # rewritten whole
+    assert same_tiles(first, tiles_cache.cached_tiles(source, args, cache))
+    assert same_tiles(first, tiles_cache._load(kept, args))   # rewritten whole
 
 
 def _write_gguf(path, model, kind=gguf.GGMLQuantizationType.Q8_0):

@@ -475,7 +475,7 @@ def test_one_requests_settings_never_end_another_stream(tiny_llama):
 
 @pytest.fixture(scope="module")
 def timeouts_server(tiny_llama):
-    s = Server(tiny_env(tiny_llama, body_timeout_s=1.5, send_timeout_s=1.5))
+    s = Server(tiny_env(tiny_llama, body_timeout_s=1.5, send_timeout_s=1.5, num_threads=1))
     yield s
     s.stop()
 

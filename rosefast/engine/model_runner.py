@@ -13,7 +13,7 @@ from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampler import Sampler
 from rosefast.models.kernels import GatherWorkspace
 from rosefast.models.layers import AttentionMetadata, long_rope_switch, rope_index
-from rosefast.models.loader import load_model
+from rosefast.models.loader import fill_linears, load_model
 from rosefast.models.packed import pack_linears
 from rosefast.models.quant import check_mode, quantize_linears, weight_bytes
 from rosefast.models.sources import gguf_source, resolve_model
@@ -71,10 +71,12 @@ class ModelRunner:
         check_mode(config.quantization, self.device)
         resolved = resolve_model(model or config.model)
         with torch.inference_mode():
-            self.model, self.args = load_model(resolved, self.dtype, self.device)
+            # a GGUF served from its blocks: its layer linears stay in the file unless a dense one is asked for
+            self.model, self.args = load_model(resolved, self.dtype, self.device, lean=config.quantization != "none")
             source = gguf_source(resolved)
             quantize_linears(self.model, config.quantization, source, head=config.quantize_lm_head,
                              cache_dir=resolved.path if source is not None else None, kernels=config.cpu_kernels)
+            fill_linears(self.model, resolved)   # what the blocks were not put in for (auto on a GPU)
             pack_linears(self.model, batch_hint=config.max_batch_size)
             if hasattr(self.model, "plan_decode_layers"):
                 refused = self.model.plan_decode_layers()

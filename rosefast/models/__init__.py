@@ -22,7 +22,15 @@ def load_hf_model(model, dtype=None):
     import torch
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(resolve_model(model).path, dtype=dtype or torch.float32)
+    from rosefast.models.sources import left_in_gguf
+
+    resolved = resolve_model(model)
+    gguf, _ = left_in_gguf(resolved.path)
+    if gguf is not None:   # a conversion that left the linears in the file: transformers reads the file itself
+        from rosefast.models.gguf_convert import hf_model_from_gguf
+
+        return hf_model_from_gguf(gguf, dtype)
+    m = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype or torch.float32)
     return m.eval()
 
 

@@ -2,33 +2,24 @@
 layers' linears in any mix of Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K, Q5_K and Q6_K (as K-quant files such as Q4_K_M
 mix them), and the lm_head (the tied embedding, or `output.weight`) in its own.
 
-    blocks = cached_blocks(gguf_path, args, cache_dir)
+    blocks = gguf_blocks(gguf_path, args)
     # {"linears": "q4_1" | "q8_0" | "blocks", "types": {...}, i: {"qkv": [(fmt, blocks), ...], ...}, "head": [...]}
 
 Q4_1 is 20 bytes per 32 weights (fp16 d, fp16 m, 16 bytes of nibbles: weights 0-15 low, 16-31 high),
 W = d q + m; Q4_0 18 (fp16 d, the nibbles), W = d (q - 8); Q8_0 34 (fp16 d, 32 int8), W = d q; Q5_0/Q5_1 add
 4 bytes of fifth bits; the K formats hold 256 weights a super-block with 6- or 8-bit scales per 32 or 16 (the
-unpack functions say how). The blocks are kept beside the converted model after the first start: the gguf
-package's reader parses every metadata field in Python (~4 s for the embedded model's tokenizer on this
-machine), the blocks' own file loads in milliseconds.
+unpack functions say how). What the kernels read is these blocks re-laid out (quant_tiles), kept beside the
+converted model after the first start (tiles_cache).
 """
-import logging
-import os
-from pathlib import Path
-
 import numpy as np
 import torch
 
 from rosefast.models.families import FAMILIES
 from rosefast.models.gguf_file import GGUFFile
 
-log = logging.getLogger("rosefast.engine")
-
 GROUP = 32
 LINEARS = ("qkv", "o", "gate_up", "down")
 _Q4_0_BYTES, _Q4_1_BYTES, _Q8_0_BYTES = 18, 20, 34
-BLOCKS_FILE = "gguf_blocks.v4.safetensors"   # v4: any mix of block formats (v2: Qwen q/k rows not reordered)
-_FORMAT = "4"    # 1: Q4_1 linears only, 2: no Q8_0 linears, 3: Q4_1 or Q8_0; another format is rebuilt from the GGUF
 
 
 def unpack_q4_1(raw, n, k):
@@ -202,30 +193,47 @@ def _merge(parts):
     return out
 
 
-def gguf_blocks(path, args):
+def _linear_names(family):
+    """{our part: llama.cpp's tensor name} of a layer's linears"""
+    if family.fused_weights:   # Phi-3: llama.cpp keeps q|k|v fused (attn_qkv) and gate|up fused (as ffn_up)
+        return {"qkv": "attn_qkv", "o": "attn_output", "gate_up": "ffn_up", "down": "ffn_down"}
+    return {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
+            "down": "ffn_down"}
+
+
+def block_linears(tensors, family, num_layers):
+    """The names of a GGUF's layer linear tensors (`blk.{i}.attn_q.weight` ...) when every one is in a block format
+    the kernels take — the file is then served from its blocks, and its conversion leaves them out — else None.
+    `tensors`: GGUFFile.tensors; `family`: a families.Family."""
+    if family.module != "llama":
+        return None
+    kinds = _kinds()
+    names = [f"blk.{i}.{name}.weight" for i in range(num_layers) for name in _linear_names(family).values()]
+    return names if all(n in tensors and tensors[n].tensor_type in kinds for n in names) else None
+
+
+def gguf_blocks(path, args, pack=None):
     """The blocks of a GGUF whose layers' linear weights are all in block formats the kernels take (Q4_0/Q4_1,
     Q5_0/Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; mixed as K-quant files mix them), as our fused q|k|v and gate|up: each a
     list of parts [(fmt, blocks)] along the rows, one per run of one format (quant_tiles' formats; q/k rows in
     Hugging Face's order: llama.cpp's reordering undone where the family has it); "head": [(fmt, blocks)] for the
     lm_head (the tied embedding, or `output.weight`) when it is in one of those formats other than Q4_0/Q4_1;
     "linears": "q4_1" or "q8_0" when every linear is that, else "blocks"; "types": {GGML type name: tensors}.
-    None when a linear is in another type (F16, IQ, Q2_K, Q3_K ...): the model is then served as converted."""
+    None when a linear is in another type (F16, IQ, Q2_K, Q3_K ...): the model is then served as converted.
+    `pack(fmt, blocks)`, when given, replaces each part as it is read (one layer's blocks held at a time)."""
+    pack = pack or (lambda fmt, blocks: (fmt, blocks))
     tensors = GGUFFile(path).tensors
     kinds = _kinds()
     family = FAMILIES[args.family]
-    if family.fused_weights:   # Phi-3: llama.cpp keeps q|k|v fused (attn_qkv) and gate|up fused (as ffn_up)
-        names = {"qkv": "attn_qkv", "o": "attn_output", "gate_up": "ffn_up", "down": "ffn_down"}
-    else:
-        names = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate",
-                 "up": "ffn_up", "down": "ffn_down"}
+    if block_linears(tensors, family, args.num_layers) is None:
+        return None
+    names = _linear_names(family)
     rows = _qkv_rows(args, family)
-    layers, types = {}, {}
+    layers, types, fmts = {}, {}, set()
     for i in range(args.num_layers):
         parts = {}
         for short, name in names.items():
-            t = tensors.get(f"blk.{i}.{name}.weight")
-            if t is None or t.tensor_type not in kinds:
-                return None
+            t = tensors[f"blk.{i}.{name}.weight"]
             fmt, unpack = kinds[t.tensor_type]
             k, n = (int(x) for x in t.shape)    # GGUF lists the shape innermost first
             part = unpack(t.data, n, k)
@@ -235,100 +243,14 @@ def gguf_blocks(path, args):
             types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
         qkv = [parts["qkv"]] if family.fused_weights else _merge([parts[x] for x in "qkv"])
         gate_up = [parts["gate_up"]] if family.fused_weights else _merge([parts["gate"], parts["up"]])
-        layers[i] = {"qkv": qkv, "o": [parts["o"]], "gate_up": gate_up, "down": [parts["down"]]}
-    fmts = {fmt for i in range(args.num_layers) for p in layers[i].values() for fmt, _ in p}
+        layer = {"qkv": qkv, "o": [parts["o"]], "gate_up": gate_up, "down": [parts["down"]]}
+        fmts.update(fmt for linear in layer.values() for fmt, _ in linear)
+        layers[i] = {name: [pack(*part) for part in linear] for name, linear in layer.items()}
     layers["linears"] = fmts.pop() if len(fmts) == 1 and fmts <= {"q4_1", "q8_0"} else "blocks"
     layers["types"] = types
     head = tensors.get("token_embd.weight" if args.tie_word_embeddings else "output.weight")
     if head is not None and head.tensor_type in kinds and kinds[head.tensor_type][0] != "q4_1":
         fmt, unpack = kinds[head.tensor_type]
         k, n = (int(x) for x in head.shape)
-        layers["head"] = [(fmt, unpack(head.data, n, k))]
-    return layers
-
-
-def cached_blocks(gguf_path, args, cache_dir):
-    """gguf_blocks, kept in `cache_dir` (the converted model's directory) after the first start. A file whose
-    linears are not Q4_1 is remembered as such."""
-    if cache_dir is None:
-        return gguf_blocks(gguf_path, args)
-    path = Path(cache_dir) / BLOCKS_FILE
-    if path.is_file():
-        try:
-            return _load_blocks(path, args)
-        except Exception as e:  # noqa: BLE001 - a damaged cache is rebuilt from the file
-            log.warning("quantization: ignoring the unreadable %s (%s); reading the GGUF again", path, e)
-    layers = gguf_blocks(gguf_path, args)
-    try:
-        _save_blocks(path, layers)
-    except OSError as e:
-        log.warning("quantization: could not keep the GGUF's blocks in %s (%s)", path, e)
-    return layers
-
-
-_FIELDS = {"q4_1": ("q", "d", "m"), "q8_0": ("q", "d"), "q5_1": ("q", "d", "m"), "q5_0": ("q", "d"), "q4_k": ("q", "d", "dmin", "sc", "mn"),
-           "q5_k": ("q", "d", "dmin", "sc", "mn"), "q6_k": ("q", "d", "sc")}
-_NIBBLES = ("q4_1", "q4_k")   # q kept two a byte in the cache
-
-
-def _entries(layers):
-    for i, parts in layers.items():
-        if i == "head":
-            yield "head", parts
-        elif isinstance(i, int):
-            for name, linear in parts.items():
-                yield f"{i}.{name}", linear
-
-
-def _save_blocks(path, layers):
-    import json
-
-    from safetensors.torch import save_file
-
-    tensors, formats = {}, {}
-    for key, parts in _entries(layers or {}):
-        formats[key] = [fmt for fmt, _ in parts]
-        for p, (fmt, blocks) in enumerate(parts):
-            for field, x in zip(_FIELDS[fmt], blocks):
-                if field == "q" and fmt in _NIBBLES:
-                    x = x[:, 0::2] | (x[:, 1::2] << 4)
-                tensors[f"{key}.{p}.{field}"] = x.contiguous()
-    meta = {"format": _FORMAT, "linears": layers["linears"] if layers else "none"}
-    if layers:
-        meta.update(formats=json.dumps(formats), types=json.dumps(layers["types"]))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, path)
-    for old in ("q4_1_blocks.safetensors", "gguf_blocks.v2.safetensors", "gguf_blocks.v3.safetensors"):   # earlier formats' files, superseded
-        (path.parent / old).unlink(missing_ok=True)
-
-
-def _load_blocks(path, args):
-    import json
-
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata()
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"format {meta.get('format')!r}, not {_FORMAT}")
-        if meta.get("linears") == "none":
-            return None
-        layers = {"linears": meta["linears"], "types": json.loads(meta["types"])}
-        for key, fmts in json.loads(meta["formats"]).items():
-            parts = []
-            for p, fmt in enumerate(fmts):
-                # copies: nothing may keep the file's mapping (a later start may replace the file)
-                blocks = [f.get_tensor(f"{key}.{p}.{field}").clone() for field in _FIELDS[fmt]]
-                if fmt in _NIBBLES:
-                    packed = blocks[0]
-                    blocks[0] = torch.stack((packed & 0x0F, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
-                parts.append((fmt, tuple(blocks)))
-            if key == "head":
-                layers["head"] = parts
-            else:
-                i, name = key.split(".")
-                layers.setdefault(int(i), {})[name] = parts
-        if any(i not in layers for i in range(args.num_layers)):
-            raise ValueError(f"{args.num_layers} layers expected")
+        layers["head"] = [pack(fmt, unpack(head.data, n, k))]
     return layers

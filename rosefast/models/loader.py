@@ -1,10 +1,15 @@
-"""Build our torch model for a resolved model: config -> ModelArgs -> module, weights from safetensors."""
+"""Build our torch model for a resolved model: config -> ModelArgs -> module, weights from safetensors (and, for
+a GGUF served from its blocks, the layer linears from the file: models.gguf_convert)."""
 import torch
+from torch import nn
 
 from rosefast.models.args import load_model_args
+from rosefast.models.gguf_blocks import LINEARS
 from rosefast.models.gpt2 import GPT2Model, gpt2_state_dict
 from rosefast.models.llama import LlamaModel, llama_state_dict
-from rosefast.models.sources import ModelError, resolve_model
+from rosefast.models.quant_tiles import dequantize_parts
+from rosefast.models.sources import ModelError, left_in_gguf, resolve_model
+from rosefast.models.tiles_cache import cached_tiles
 
 ARCHES = {"llama": (LlamaModel, llama_state_dict), "gpt2": (GPT2Model, gpt2_state_dict)}
 
@@ -23,13 +28,51 @@ def read_hf_state_dict(path):
     raise ModelError(f"{path} has no weights (*.safetensors or pytorch_model.bin)")
 
 
-def load_model(model, dtype=torch.float32, device="cpu"):
-    """(our model in eval mode on `device` with `dtype`, its ModelArgs) for a spec or ResolvedModel."""
+def _unfilled(module):
+    """The layer linears whose weight is still on the meta device (left in the GGUF): [(layer index, name)]."""
+    layers = getattr(module, "layers", ())
+    return [(i, name) for i, layer in enumerate(layers) for name in LINEARS
+            if isinstance(getattr(layer, name, None), nn.Linear) and getattr(layer, name).weight.is_meta]
+
+
+def load_model(model, dtype=torch.float32, device="cpu", lean=False):
+    """(our model in eval mode on `device` with `dtype`, its ModelArgs) for a spec or ResolvedModel. A GGUF served
+    from its blocks keeps its layer linears in the file (sources.left_in_gguf): `lean` leaves them on the meta
+    device, for quantize_linears to put the blocks there (fill_linears does what it did not); else they are
+    dequantized from the blocks here, bit for bit what gguf's dequantization makes."""
     resolved = resolve_model(model)
     args = load_model_args(resolved.path)
     cls, convert = ARCHES[args.arch]
+    _, left = left_in_gguf(resolved.path)
+    hf = read_hf_state_dict(resolved.path)
+    hf.update({name: torch.empty(shape, device="meta") for name, shape in left.items()})
     with torch.device("meta"):
         module = cls(args)
-    state = convert(read_hf_state_dict(resolved.path), args)
-    module.load_state_dict(state, strict=True, assign=True)
-    return module.to(device=device, dtype=dtype).eval(), args
+    module.load_state_dict(convert(hf, args), strict=True, assign=True)
+    holes = _unfilled(module)
+    for i, name in holes:   # out of the way of .to(), which cannot move a meta tensor
+        getattr(module.layers[i], name).weight = None
+    module = module.to(device=device, dtype=dtype).eval()
+    for i, name in holes:
+        linear = getattr(module.layers[i], name)
+        linear.weight = nn.Parameter(torch.empty(linear.out_features, linear.in_features, dtype=dtype,
+                                                 device="meta"), requires_grad=False)
+    if not lean:
+        fill_linears(module, resolved)
+    return module, args
+
+
+def fill_linears(module, model):
+    """Dequantize into `module` (on its device and dtype) each layer linear load_model(lean=True) left on the meta
+    device, from the GGUF's blocks (as the kernels' tiles: tiles_cache); a no-op when there is none."""
+    holes = _unfilled(module)
+    if not holes:
+        return
+    resolved = resolve_model(model)
+    gguf, _ = left_in_gguf(resolved.path)
+    blocks = cached_tiles(gguf, module.args, resolved.path)
+    like = module.norm
+    for i, name in holes:
+        linear = getattr(module.layers[i], name)
+        weight = dequantize_parts(blocks[i][name]).to(device=like.device, dtype=like.dtype)
+        linear.weight = nn.Parameter(weight, requires_grad=False)

@@ -26,9 +26,10 @@ from torch import nn
 
 from rosefast.config import QUANTIZATION_MODES
 from rosefast.models import quant_ops
-from rosefast.models.gguf_blocks import GROUP, LINEARS, cached_blocks, dequantize_q8_0
+from rosefast.models.gguf_blocks import GROUP, LINEARS, dequantize_q8_0
 from rosefast.models.packed import PackedLinear
-from rosefast.models.quant_tiles import dequantize_tiles, pack_tiles, unpack_tiles
+from rosefast.models.quant_tiles import dequantize_parts, dequantize_tiles, pack_tiles, unpack_tiles
+from rosefast.models.tiles_cache import cached_tiles
 
 log = logging.getLogger("rosefast.engine")
 
@@ -45,6 +46,16 @@ class _TiledLinear(nn.Module):
 
     def _on_tiles(self, tiles):
         self.weights = quant_ops.impl.Weights(tiles, self.bias, self.in_features)
+
+    @classmethod
+    def of_tiles(cls, tiles, bias, kernels):
+        """The layer on our kernels (a tier) with its weight already re-laid out (tiles_cache), nothing packed."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self.kernels, self.out_features, self.in_features = kernels, tiles.n, tiles.in_features
+        self.bias = self._bias(bias)
+        self._on_tiles([tiles])
+        return self
 
     def _tiled(self, x):
         dt = x.dtype
@@ -248,19 +259,20 @@ def head_mode(setting, linears):
     return setting
 
 
-def _from_file(parts, bias, kernels):
-    """A linear from a GGUF's blocks [(fmt, blocks), ...]: Q4_1 and Q8_0 alone as Int4Linear / Int8Linear, any
-    other format or mix on our kernels as they are, or on torch's ops as torch_linear makes them."""
-    if len(parts) == 1 and parts[0][0] == "q4_1":
-        return Int4Linear(*parts[0][1], bias, kernels)
-    if len(parts) == 1 and parts[0][0] == "q8_0":
-        return Int8Linear(*parts[0][1], bias, kernels)
-    tiles = [pack_tiles(fmt, blocks) for fmt, blocks in parts]
-    return BlockLinear(tiles, bias, kernels) if kernels is not None else torch_linear(tiles, bias)
+def _from_file(tiles, bias, kernels):
+    """A linear from a GGUF's blocks, re-laid out (tiles_cache: [Tiles, ...] along the rows): Q4_1 and Q8_0 alone
+    as Int4Linear / Int8Linear, any other format or mix on our kernels as they are, or on torch's ops as
+    torch_linear makes them."""
+    if kernels is None:
+        return torch_linear(tiles, bias)
+    fmts = [t.fmt for t in tiles]
+    if fmts == ["q4_1"] or fmts == ["q8_0"]:
+        return (Int4Linear if fmts == ["q4_1"] else Int8Linear).of_tiles(tiles[0], bias, kernels)
+    return BlockLinear(tiles, bias, kernels)
 
 
-def _described(parts):
-    return "|".join(fmt.upper() for fmt, _ in parts)
+def _described(tiles):
+    return "|".join(t.fmt.upper() for t in tiles)
 
 
 def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, kernels="auto"):
@@ -273,7 +285,7 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
     if mode == "none":
         return 0, None
     kernels = block_kernels(kernels)
-    from_file = cached_blocks(gguf_path, model.args, cache_dir) if gguf_path is not None else None
+    from_file = cached_tiles(gguf_path, model.args, cache_dir) if gguf_path is not None else None
     own = {"q4_1": "int4", "q8_0": "int8", "blocks": "blocks"}.get(from_file["linears"]) if from_file else None
     if mode == "auto":
         if own is None or next(model.parameters()).device.type != "cpu":
@@ -286,21 +298,25 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
             bias = linear.bias
             if own == mode:
                 setattr(layer, name, _from_file(from_file[i][name], bias, kernels))
-            elif mode == "int4":
-                setattr(layer, name, Int4Linear(*quantize_q4_1(linear.weight), bias, kernels))
+                count += 1
+                continue
+            # a weight left in the file (loader.load_model(lean=True)): the blocks dequantized, then quantized
+            weight = dequantize_parts(from_file[i][name]) if linear.weight.is_meta else linear.weight
+            if mode == "int4":
+                setattr(layer, name, Int4Linear(*quantize_q4_1(weight), bias, kernels))
             else:
-                setattr(layer, name, Int8Linear.from_weight(linear.weight, bias, kernels))
+                setattr(layer, name, Int8Linear.from_weight(weight, bias, kernels))
             count += 1
     asked, head = head, head_mode(head, mode)
     head_source = "quantized at load"
     if head != "none":
         weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
         file_head = from_file.get("head") if from_file is not None else None
-        if file_head is not None and asked == "int8" and file_head[0][0] != "q8_0":
+        if file_head is not None and asked == "int8" and file_head[0].fmt != "q8_0":
             file_head = None   # int8 asked for by name: Q8_0, the file's own only when it is that
         if head == "int4":
             model.lm_head = Int4Linear(*quantize_q4_1(weight), kernels=kernels)
-        elif file_head is not None and (kernels is not None or file_head[0][0] == "q8_0"):
+        elif file_head is not None and (kernels is not None or file_head[0].fmt == "q8_0"):
             model.lm_head, head_source = _from_file(file_head, None, kernels), f"the GGUF's {_described(file_head)} blocks"
             if model.args.tie_word_embeddings and kernels is not None and isinstance(model.embed, nn.Embedding):
                 model.embed = BlockEmbedding(model.lm_head, model.embed.weight.dtype)   # the table's copy dropped

@@ -154,3 +154,8 @@ def dequantize_tiles(t):
     if m is not None:
         w = w + m[..., None]
     return w.reshape(n, k)
+
+
+def dequantize_parts(tiles):
+    """A GGUF tensor's Tiles along the rows (tiles_cache) -> its fp32 weight, bit for bit gguf's dequantization."""
+    return torch.cat([dequantize_tiles(t) for t in tiles])

@@ -1,14 +1,10 @@
 """Resolve a model spec to a Hugging Face-format directory, converting a GGUF once into the cache."""
-import copy
-import functools
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,90 +130,10 @@ def write_marker(directory, **info):
         json.dump(info, f, indent=1)
 
 
-class _ArraysNotMemmaps:
-    """numpy, as gguf's reader sees it during a conversion: the file mapped once as a plain array, so that the
-    ~400k small slices a 50k-token vocabulary is read as are ndarray views (a memmap slice costs ~2x more)."""
+def _convert(gguf, dest):
+    from rosefast.models.gguf_convert import convert_gguf   # transformers, imported only when converting
 
-    def __getattr__(self, name):
-        import numpy
-
-        return getattr(numpy, name)
-
-    @staticmethod
-    def memmap(*args, **kwargs):
-        import numpy
-
-        return numpy.memmap(*args, **kwargs).view(numpy.ndarray)
-
-
-@contextmanager
-def _gguf_parsed_once():
-    """While transformers converts a GGUF, gguf's reader parses the file once and its tensor-name map is built
-    once per architecture: transformers makes a reader for the config, the tokenizer and the weights alike
-    (4 parses of the embedded model's 49k-token vocabulary, ~6 s each) and a name map per submodule (~400); the
-    metadata it reads for the config is read again for the tokenizer. The one parse reads plain arrays."""
-    import gguf
-    import gguf.gguf_reader
-    import transformers.modeling_gguf_pytorch_utils as hf_gguf
-
-    saved = gguf.GGUFReader, gguf.get_tensor_name_map, gguf.gguf_reader.np, hf_gguf.load_gguf_checkpoint
-    gguf.GGUFReader = functools.lru_cache(maxsize=1)(saved[0])
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(saved[1])
-    gguf.gguf_reader.np = _ArraysNotMemmaps()
-    metadata = functools.lru_cache(maxsize=1)(saved[3])
-
-    def load_gguf_checkpoint(path, return_tensors=False, **kwargs):
-        if return_tensors or kwargs:
-            return saved[3](path, return_tensors=return_tensors, **kwargs)
-        return copy.deepcopy(metadata(path))
-
-    hf_gguf.load_gguf_checkpoint = load_gguf_checkpoint
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map, gguf.gguf_reader.np, hf_gguf.load_gguf_checkpoint = saved
-
-
-def _with_gguf_fixes(config, gguf_path):
-    """transformers' config of a GGUF with what its reader leaves out read from the file (models.gguf_config)."""
-    from rosefast.models.gguf_config import gguf_config_fixes
-    from rosefast.models.gguf_file import GGUFFile
-
-    as_dict = config.to_dict()
-    fixes = gguf_config_fixes(GGUFFile(gguf_path), as_dict)
-    return type(config).from_dict({**as_dict, **fixes}) if fixes else config
-
-
-def convert_gguf(gguf, dest):
-    """Dequantize a GGUF into dest: config.json, model.safetensors (fp32) and the tokenizer."""
-    import torch
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    kwargs = {"gguf_file": gguf.name}
-    with tqdm(total=4, desc=f"rosefast: converting {gguf.name} (once)", unit="step", file=sys.stderr) as bar, \
-            _gguf_parsed_once():
-        try:
-            config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
-        except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
-            raise ModelError(f"{str(gguf)!r} is not a readable GGUF model: {e}") from e
-        config = _with_gguf_fixes(config, gguf)
-        check_architecture(config.model_type, str(gguf))
-        bar.update()
-        AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(dest)
-        bar.update()
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, config=config, dtype=torch.float32, **kwargs)
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if getattr(config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # tied: the embedding is the one copy
-        save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
-        bar.update()
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.save_pretrained(dest)
-        write_marker(dest, gguf=str(gguf), size=gguf.stat().st_size)
-        bar.update()
+    convert_gguf(gguf, dest)
 
 
 def gguf_source(resolved):
@@ -229,11 +145,25 @@ def gguf_source(resolved):
     return Path(path) if path and Path(path).is_file() else None
 
 
+def left_in_gguf(path):
+    """(the GGUF file, {Hugging Face weight name: shape}) of the weights a converted model's directory leaves in
+    its GGUF (the layer linears of a file served from its blocks: models.gguf_convert), or (None, {})."""
+    marker = Path(path) / CACHE_MARKER
+    if not marker.is_file():
+        return None, {}
+    info = json.loads(marker.read_text(encoding="utf-8"))
+    left = info.get("left_in_gguf") or {}
+    if left and not Path(info.get("gguf", "")).is_file():
+        raise ModelError(f"{path} keeps its layers' linear weights in {info.get('gguf')!r}, which is gone: put "
+                         f"the file back, or delete {path} to convert another")
+    return (Path(info["gguf"]) if left else None), left
+
+
 def resolve_model(spec=DEFAULT_MODEL):
     """Resolve `smollm2-135m`, a Hugging Face model directory or a .gguf path to a ResolvedModel."""
     if spec is None or spec == "" or spec == DEFAULT_MODEL:
         gguf = default_gguf_path()
-        path, made = atomic_cache_entry(_cache_key(gguf), lambda tmp: convert_gguf(gguf, tmp))
+        path, made = atomic_cache_entry(_cache_key(gguf), lambda tmp: _convert(gguf, tmp))
         return ResolvedModel(DEFAULT_MODEL, path, "embedded", _read_model_type(path), made)
     if isinstance(spec, ResolvedModel):
         return spec
@@ -252,7 +182,7 @@ def resolve_model(spec=DEFAULT_MODEL):
     if path.is_dir():
         return ResolvedModel(str(spec), path, "directory", _check_directory(path))
     if path.suffix == ".gguf":
-        cached, made = atomic_cache_entry(_cache_key(path), lambda tmp: convert_gguf(path, tmp))
+        cached, made = atomic_cache_entry(_cache_key(path), lambda tmp: _convert(path, tmp))
         return ResolvedModel(str(spec), cached, "gguf", _read_model_type(cached), made)
     raise ModelError(
         f"{str(path)!r} is not a model: expected a Hugging Face model directory with config.json, or a .gguf file"

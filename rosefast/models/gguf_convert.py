@@ -1,0 +1,160 @@
+"""A GGUF file converted once into a Hugging Face-format directory (the cache entry sources.resolve_model keeps):
+config.json with what transformers' GGUF reader leaves out (models.gguf_config), the tokenizer, and the weights
+as fp32 safetensors — all of them, or, when every layer linear is in a block format our kernels take (the file is
+served from its blocks: models.gguf_blocks), all but those. A 7B Q4_K_M file then converts to its embeddings and
+norms (~1 GB) rather than 28 GB of fp32 that the engine would read only to throw away; the cache marker lists the
+left-out weights, which the loader takes from the file (blocks, or dequantized where dense ones are asked for).
+
+    convert_gguf(Path("model.Q4_K_M.gguf"), dest)
+    hf_model_from_gguf(gguf_path)       # transformers' own model of the file (the reference in tests)
+"""
+import copy
+import functools
+import sys
+from contextlib import contextmanager
+
+from rosefast.models.families import FAMILIES
+from rosefast.models.sources import ModelError, check_architecture, write_marker
+
+
+class _ArraysNotMemmaps:
+    """numpy, as gguf's reader sees it during a conversion: the file mapped once as a plain array, so that the
+    ~400k small slices a 50k-token vocabulary is read as are ndarray views (a memmap slice costs ~2x more)."""
+
+    def __getattr__(self, name):
+        import numpy
+
+        return getattr(numpy, name)
+
+    @staticmethod
+    def memmap(*args, **kwargs):
+        import numpy
+
+        return numpy.memmap(*args, **kwargs).view(numpy.ndarray)
+
+
+@contextmanager
+def _gguf_parsed_once():
+    """While transformers converts a GGUF, gguf's reader parses the file once and its tensor-name map is built
+    once per architecture: transformers makes a reader for the config, the tokenizer and the weights alike
+    (4 parses of the embedded model's 49k-token vocabulary, ~6 s each) and a name map per submodule (~400); the
+    metadata it reads for the config is read again for the tokenizer. The one parse reads plain arrays."""
+    import gguf
+    import gguf.gguf_reader
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map, gguf.gguf_reader.np, hf_gguf.load_gguf_checkpoint
+    gguf.GGUFReader = functools.lru_cache(maxsize=1)(saved[0])
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(saved[1])
+    gguf.gguf_reader.np = _ArraysNotMemmaps()
+    metadata = functools.lru_cache(maxsize=1)(saved[3])
+
+    def load_gguf_checkpoint(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return saved[3](path, return_tensors=return_tensors, **kwargs)
+        return copy.deepcopy(metadata(path))
+
+    hf_gguf.load_gguf_checkpoint = load_gguf_checkpoint
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf.gguf_reader.np, hf_gguf.load_gguf_checkpoint = saved
+
+
+def _with_gguf_fixes(config, gguf_path):
+    """transformers' config of a GGUF with what its reader leaves out read from the file (models.gguf_config)."""
+    from rosefast.models.gguf_config import gguf_config_fixes
+    from rosefast.models.gguf_file import GGUFFile
+
+    as_dict = config.to_dict()
+    fixes = gguf_config_fixes(GGUFFile(gguf_path), as_dict)
+    return type(config).from_dict({**as_dict, **fixes}) if fixes else config
+
+
+def _state_without(gguf, config, skip):
+    """{Hugging Face name: fp32 tensor} for every tensor of the file but those named in `skip` (llama.cpp's
+    names), as transformers' GGUF loading makes them (its name map and per-architecture fixes: Llama's q/k row
+    order, Gemma's norm offset), and {Hugging Face name: shape} of the ones skipped. Call inside
+    _gguf_parsed_once (transformers' reader, parsed once)."""
+    import gguf as gguf_package
+    import numpy as np
+    import torch
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    parsed = hf_gguf.load_gguf_checkpoint(str(gguf))
+    reader = gguf_package.GGUFReader(str(gguf))
+    architecture = hf_gguf.read_field(reader, "general.architecture")[0]
+    processor = hf_gguf.TENSOR_PROCESSORS.get(architecture, hf_gguf.TensorProcessor)(config=parsed["config"])
+    names = hf_gguf.get_gguf_hf_weights_map(skeleton, processor)
+    state, left = {}, {}
+    parsed["tensors"] = state
+    for tensor in reader.tensors:
+        if tensor.name in skip:
+            if tensor.name not in names:
+                raise ModelError(f"{gguf}: transformers has no name for the tensor {tensor.name!r}")
+            left[names[tensor.name]] = [int(x) for x in reversed(tensor.shape)]
+            continue
+        weights = gguf_package.dequantize(tensor.data, tensor.tensor_type)
+        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
+                                   parsed_parameters=parsed)
+        if result.name in names:
+            state[names[result.name]] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
+    return state, left
+
+
+def convert_gguf(gguf, dest):
+    """Convert a GGUF into dest: config.json, the tokenizer and model.safetensors (fp32), without the layer
+    linears when the file is served from their blocks (the marker's `left_in_gguf`)."""
+    import torch
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from rosefast.models.gguf_blocks import block_linears
+    from rosefast.models.gguf_file import GGUFFile
+
+    kwargs = {"gguf_file": gguf.name}
+    with tqdm(total=4, desc=f"rosefast: converting {gguf.name} (once)", unit="step", file=sys.stderr) as bar, \
+            _gguf_parsed_once():
+        try:
+            config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
+            raise ModelError(f"{str(gguf)!r} is not a readable GGUF model: {e}") from e
+        config = _with_gguf_fixes(config, gguf)
+        check_architecture(config.model_type, str(gguf))
+        bar.update()
+        AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(dest)
+        bar.update()
+        skip = block_linears(GGUFFile(gguf).tensors, FAMILIES[config.model_type], config.num_hidden_layers)
+        left = {}
+        if skip:
+            state, left = _state_without(gguf, config, set(skip))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, config=config, dtype=torch.float32, **kwargs)
+            state = model.state_dict()
+        state = {k: v.contiguous() for k, v in state.items()}
+        if getattr(config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # tied: the embedding is the one copy
+        save_file(state, str(dest / "model.safetensors"), metadata={"format": "pt"})
+        bar.update()
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(dest)
+        write_marker(dest, gguf=str(gguf), size=gguf.stat().st_size, left_in_gguf=left)
+        bar.update()
+
+
+def hf_model_from_gguf(gguf, dtype=None):
+    """transformers' own model of a GGUF file (every tensor dequantized by gguf), with the config fixes ours
+    has: the reference a converted model is checked against, whatever the conversion left in the file."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with _gguf_parsed_once():
+        config = _with_gguf_fixes(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
+                                                     dtype=dtype or torch.float32)
+    return model.eval()
