@@ -143,9 +143,14 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
     from rosefast.models.sources import gguf_source, left_in_gguf
 
     linear_kinds = itertools.cycle([T.Q8_0, T.Q4_0, T.Q5_1, T.Q4_1, T.Q5_0])
+
+    def kind(name):
+        if name in ("token_embd.weight", "output.weight"):
+            return T.Q8_0
+        return next(linear_kinds) if name.startswith("blk.") and "norm" not in name else T.F32
+
     path = tmp_path / f"{family}.mixed.gguf"
-    write_gguf(path, tiny_random(family, **FAMILY_FILES[family]),
-               lambda name: next(linear_kinds) if name.startswith("blk.") and "norm" not in name else T.F32)
+    write_gguf(path, tiny_random(family, **FAMILY_FILES[family]), kind)
     converted = resolve_model(str(path))
     args = load_model_args(converted.path)
     gguf, left = left_in_gguf(converted.path)
@@ -153,8 +158,10 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
     linears = [k for k in read_hf_state_dict(converted.path) if k.startswith("model.layers.") and
                k.endswith("_proj.weight")]
     assert not linears, f"dense linears were written into {converted.path}: {linears[:3]}"
+    head = "model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"   # its Q8_0 blocks too
+    assert head in left and head not in read_hf_state_dict(converted.path)
     per_layer = 4 if family == "phi3" else 7
-    assert len(left) == per_layer * args.num_layers and all(k.endswith("_proj.weight") for k in left)
+    assert len(left) == per_layer * args.num_layers + 1 and all(k.endswith("_proj.weight") for k in left if k != head)
     ours = load_model(converted)[0].state_dict()
     theirs = llama_state_dict(hf_model_from_gguf(path).state_dict(), args)
     assert sorted(ours) == sorted(theirs)
@@ -162,6 +169,7 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
         assert torch.equal(ours[name], weight), name
     lean = load_model(converted, lean=True)[0]
     assert lean.layers[0].qkv.weight.is_meta and not lean.layers[0].input_norm.is_meta   # left for the blocks
+    assert (lean.embed.weight if args.tie_word_embeddings else lean.lm_head.weight).is_meta
 
 
 def test_a_qwen3_gguf_is_served_over_http_as_hugging_face_generates(tmp_path):

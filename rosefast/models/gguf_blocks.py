@@ -201,15 +201,29 @@ def _linear_names(family):
             "down": "ffn_down"}
 
 
-def block_linears(tensors, family, num_layers):
-    """The names of a GGUF's layer linear tensors (`blk.{i}.attn_q.weight` ...) when every one is in a block format
-    the kernels take — the file is then served from its blocks, and its conversion leaves them out — else None.
-    `tensors`: GGUFFile.tensors; `family`: a families.Family."""
+def head_name(tie_word_embeddings):
+    """The GGUF tensor the lm_head is: the tied embedding, or `output.weight`."""
+    return "token_embd.weight" if tie_word_embeddings else "output.weight"
+
+
+def _served_head(tensor, kinds):
+    """The head is taken from its blocks in a format other than Q4_0/Q4_1 (an int4 head costs the most accuracy)."""
+    return tensor is not None and tensor.tensor_type in kinds and kinds[tensor.tensor_type][0] != "q4_1"
+
+
+def block_linears(tensors, family, num_layers, tie_word_embeddings):
+    """The names of the GGUF tensors served from their blocks when every layer linear (`blk.{i}.attn_q.weight` ...)
+    is in a block format the kernels take: those, and the head (the tied embedding too) where it is in one other
+    than Q4_0/Q4_1 — the conversion leaves them out; else None. `tensors`: GGUFFile.tensors; `family`: a
+    families.Family."""
     if family.module != "llama":
         return None
     kinds = _kinds()
     names = [f"blk.{i}.{name}.weight" for i in range(num_layers) for name in _linear_names(family).values()]
-    return names if all(n in tensors and tensors[n].tensor_type in kinds for n in names) else None
+    if not all(n in tensors and tensors[n].tensor_type in kinds for n in names):
+        return None
+    head = head_name(tie_word_embeddings)
+    return names + [head] if _served_head(tensors.get(head), kinds) else names
 
 
 def gguf_blocks(path, args, pack=None):
@@ -225,7 +239,7 @@ def gguf_blocks(path, args, pack=None):
     tensors = GGUFFile(path).tensors
     kinds = _kinds()
     family = FAMILIES[args.family]
-    if block_linears(tensors, family, args.num_layers) is None:
+    if block_linears(tensors, family, args.num_layers, args.tie_word_embeddings) is None:
         return None
     names = _linear_names(family)
     rows = _qkv_rows(args, family)
@@ -248,8 +262,8 @@ def gguf_blocks(path, args, pack=None):
         layers[i] = {name: [pack(*part) for part in linear] for name, linear in layer.items()}
     layers["linears"] = fmts.pop() if len(fmts) == 1 and fmts <= {"q4_1", "q8_0"} else "blocks"
     layers["types"] = types
-    head = tensors.get("token_embd.weight" if args.tie_word_embeddings else "output.weight")
-    if head is not None and head.tensor_type in kinds and kinds[head.tensor_type][0] != "q4_1":
+    head = tensors.get(head_name(args.tie_word_embeddings))
+    if _served_head(head, kinds):
         fmt, unpack = kinds[head.tensor_type]
         k, n = (int(x) for x in head.shape)
         layers["head"] = [pack(fmt, unpack(head.data, n, k))]

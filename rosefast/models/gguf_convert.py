@@ -1,9 +1,10 @@
 """A GGUF file converted once into a Hugging Face-format directory (the cache entry sources.resolve_model keeps):
 config.json with what transformers' GGUF reader leaves out (models.gguf_config), the tokenizer, and the weights
 as fp32 safetensors — all of them, or, when every layer linear is in a block format our kernels take (the file is
-served from its blocks: models.gguf_blocks), all but those. A 7B Q4_K_M file then converts to its embeddings and
-norms (~1 GB) rather than 28 GB of fp32 that the engine would read only to throw away; the cache marker lists the
-left-out weights, which the loader takes from the file (blocks, or dequantized where dense ones are asked for).
+served from its blocks: models.gguf_blocks), all but those and the head's (the tied embedding's) blocks. A 7B
+Q4_K_M file then converts to its norms and at most an untied embedding table rather than 28 GB of fp32 that the
+engine would read only to throw away; the cache marker lists the left-out weights, which the loader takes from
+the file (blocks, or dequantized where dense ones are asked for).
 
     convert_gguf(Path("model.Q4_K_M.gguf"), dest)
     hf_model_from_gguf(gguf_path)       # transformers' own model of the file (the reference in tests)
@@ -128,7 +129,8 @@ def convert_gguf(gguf, dest):
         bar.update()
         AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(dest)
         bar.update()
-        skip = block_linears(GGUFFile(gguf).tensors, FAMILIES[config.model_type], config.num_hidden_layers)
+        skip = block_linears(GGUFFile(gguf).tensors, FAMILIES[config.model_type], config.num_hidden_layers,
+                             getattr(config, "tie_word_embeddings", False))
         left = {}
         if skip:
             state, left = _state_without(gguf, config, set(skip))

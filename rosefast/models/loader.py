@@ -4,7 +4,6 @@ import torch
 from torch import nn
 
 from rosefast.models.args import load_model_args
-from rosefast.models.gguf_blocks import LINEARS
 from rosefast.models.gpt2 import GPT2Model, gpt2_state_dict
 from rosefast.models.llama import LlamaModel, llama_state_dict
 from rosefast.models.quant_tiles import dequantize_parts
@@ -29,17 +28,17 @@ def read_hf_state_dict(path):
 
 
 def _unfilled(module):
-    """The layer linears whose weight is still on the meta device (left in the GGUF): [(layer index, name)]."""
-    layers = getattr(module, "layers", ())
-    return [(i, name) for i, layer in enumerate(layers) for name in LINEARS
-            if isinstance(getattr(layer, name, None), nn.Linear) and getattr(layer, name).weight.is_meta]
+    """The weights still on the meta device (left in the GGUF): [(submodule, its name in `module`)] — layer linears,
+    and the embedding or lm_head where the head's blocks were left too."""
+    return [(sub, name) for name, sub in module.named_modules()
+            if isinstance(sub, (nn.Linear, nn.Embedding)) and sub.weight is not None and sub.weight.is_meta]
 
 
 def load_model(model, dtype=torch.float32, device="cpu", lean=False):
     """(our model in eval mode on `device` with `dtype`, its ModelArgs) for a spec or ResolvedModel. A GGUF served
-    from its blocks keeps its layer linears in the file (sources.left_in_gguf): `lean` leaves them on the meta
-    device, for quantize_linears to put the blocks there (fill_linears does what it did not); else they are
-    dequantized from the blocks here, bit for bit what gguf's dequantization makes."""
+    from its blocks keeps its layer linears (and its head's blocks) in the file (sources.left_in_gguf): `lean` leaves
+    them on the meta device, for quantize_linears to put the blocks there (fill_linears does what it did not); else
+    they are dequantized from the blocks here, bit for bit what gguf's dequantization makes."""
     resolved = resolve_model(model)
     args = load_model_args(resolved.path)
     cls, convert = ARCHES[args.arch]
@@ -50,29 +49,32 @@ def load_model(model, dtype=torch.float32, device="cpu", lean=False):
         module = cls(args)
     module.load_state_dict(convert(hf, args), strict=True, assign=True)
     holes = _unfilled(module)
-    for i, name in holes:   # out of the way of .to(), which cannot move a meta tensor
-        getattr(module.layers[i], name).weight = None
+    shapes = [sub.weight.shape for sub, _ in holes]
+    for sub, _ in holes:   # out of the way of .to(), which cannot move a meta tensor
+        sub.weight = None
     module = module.to(device=device, dtype=dtype).eval()
-    for i, name in holes:
-        linear = getattr(module.layers[i], name)
-        linear.weight = nn.Parameter(torch.empty(linear.out_features, linear.in_features, dtype=dtype,
-                                                 device="meta"), requires_grad=False)
+    for (sub, _), shape in zip(holes, shapes):
+        sub.weight = nn.Parameter(torch.empty(shape, dtype=dtype, device="meta"), requires_grad=False)
     if not lean:
         fill_linears(module, resolved)
     return module, args
 
 
 def fill_linears(module, model):
-    """Dequantize into `module` (on its device and dtype) each layer linear load_model(lean=True) left on the meta
-    device, from the GGUF's blocks (as the kernels' tiles: tiles_cache); a no-op when there is none."""
+    """Dequantize into `module` (on its device and dtype) each weight load_model(lean=True) left on the meta device,
+    from the GGUF's blocks (as the kernels' tiles: tiles_cache) — a layer linear from its own, the embedding or
+    lm_head from the head's; a no-op when there is none."""
     holes = _unfilled(module)
     if not holes:
         return
     resolved = resolve_model(model)
     gguf, _ = left_in_gguf(resolved.path)
-    blocks = cached_tiles(gguf, module.args, resolved.path)
+    tiles = cached_tiles(gguf, module.args, resolved.path)
     like = module.norm
-    for i, name in holes:
-        linear = getattr(module.layers[i], name)
-        weight = dequantize_parts(blocks[i][name]).to(device=like.device, dtype=like.dtype)
-        linear.weight = nn.Parameter(weight, requires_grad=False)
+    for sub, name in holes:
+        if name.startswith("layers."):   # layers.{i}.{qkv, o, gate_up, down}
+            _, i, part = name.split(".")
+            weight = dequantize_parts(tiles[int(i)][part])
+        else:   # "embed" or "lm_head"
+            weight = dequantize_parts(tiles["head"])
+        sub.weight = nn.Parameter(weight.to(device=like.device, dtype=like.dtype), requires_grad=False)

@@ -288,7 +288,7 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
     from_file = cached_tiles(gguf_path, model.args, cache_dir) if gguf_path is not None else None
     own = {"q4_1": "int4", "q8_0": "int8", "blocks": "blocks"}.get(from_file["linears"]) if from_file else None
     if mode == "auto":
-        if own is None or next(model.parameters()).device.type != "cpu":
+        if own is None or model.norm.device.type != "cpu":
             return 0, None
         mode = own
     count = 0
@@ -310,19 +310,22 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
     asked, head = head, head_mode(head, mode)
     head_source = "quantized at load"
     if head != "none":
-        weight = model.embed.weight if model.lm_head is None else model.lm_head.weight
+        stored = model.embed.weight if model.lm_head is None else model.lm_head.weight
         file_head = from_file.get("head") if from_file is not None else None
+
+        def weight():   # to quantize at load; one left in the file (load_model(lean=True)) from its blocks
+            return dequantize_parts(from_file["head"]) if stored.is_meta else stored
         if file_head is not None and asked == "int8" and file_head[0].fmt != "q8_0":
             file_head = None   # int8 asked for by name: Q8_0, the file's own only when it is that
         if head == "int4":
-            model.lm_head = Int4Linear(*quantize_q4_1(weight), kernels=kernels)
+            model.lm_head = Int4Linear(*quantize_q4_1(weight()), kernels=kernels)
         elif file_head is not None and (kernels is not None or file_head[0].fmt == "q8_0"):
             model.lm_head, head_source = _from_file(file_head, None, kernels), f"the GGUF's {_described(file_head)} blocks"
             if model.args.tie_word_embeddings and kernels is not None and isinstance(model.embed, nn.Embedding):
                 model.embed = BlockEmbedding(model.lm_head, model.embed.weight.dtype)   # the table's copy dropped
                 head_source += ", the embedding looked up in them"
         else:
-            model.lm_head = Int8Linear.from_weight(weight, kernels=kernels)
+            model.lm_head = Int8Linear.from_weight(weight(), kernels=kernels)
         count += 1
     if own == mode:
         source = f"the GGUF's {from_file['linears'].upper()} blocks" if mode != "blocks" else "the GGUF's blocks"
