@@ -76,7 +76,8 @@ class ModelRunner:
             source = gguf_source(resolved)
             quantize_linears(self.model, config.quantization, source, head=config.quantize_lm_head,
                              cache_dir=resolved.path if source is not None else None, kernels=config.cpu_kernels)
-            fill_linears(self.model, resolved)   # what the blocks were not put in for (auto on a GPU)
+            # what the blocks were not put in for: auto on a GPU, a tied embedding not looked up in the head's blocks
+            fill_linears(self.model, resolved)
             pack_linears(self.model, batch_hint=config.max_batch_size)
             if hasattr(self.model, "plan_decode_layers"):
                 refused = self.model.plan_decode_layers()

@@ -1,5 +1,5 @@
 """Build our torch model for a resolved model: config -> ModelArgs -> module, weights from safetensors (and, for
-a GGUF served from its blocks, the layer linears from the file: models.gguf_convert)."""
+a GGUF served from its blocks, the layer linears and the head from the file's blocks: models.gguf_convert)."""
 import torch
 from torch import nn
 
