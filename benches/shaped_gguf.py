@@ -14,6 +14,10 @@ SHAPES = {   # (family, the Hugging Face config's own numbers: the vocabulary as
     "llama-3.2-1b": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                          num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=True,
                          max_position_embeddings=4096, initializer_range=0.02)),
+    "llama-3.2-1b-untied": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,   # its own
+                                num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,   # head, as Llama
+                                tie_word_embeddings=False, max_position_embeddings=4096,   # 3.1 8B, Mistral 7B and
+                                initializer_range=0.02)),                                   # Qwen3-8B have
     "smollm2-360m": ("llama", dict(hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
                          num_key_value_heads=5, rope_theta=100000.0, tie_word_embeddings=True,
                          max_position_embeddings=4096, initializer_range=0.02)),

@@ -51,4 +51,4 @@ def test_the_startup_benchmark_converts_once_then_reads_the_cache(tiny_llama, tm
     first, later = startup.main(["--model", str(path), "--starts", "2"])
     assert first["converted"] and not later["converted"]
     assert first["tokens"] == later["tokens"] and len(first["tokens"]) == 8
-    assert later["cache_mb"] == first["cache_mb"] and later["peak_rss_gb"] > 0
+    assert later["cache_mb"] == first["cache_mb"] and later["peak_rss_gb"] >= later["rss_gb"] > 0

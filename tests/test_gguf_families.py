@@ -158,10 +158,12 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
     linears = [k for k in read_hf_state_dict(converted.path) if k.startswith("model.layers.") and
                k.endswith("_proj.weight")]
     assert not linears, f"dense linears were written into {converted.path}: {linears[:3]}"
-    head = "model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"   # its Q8_0 blocks too
-    assert head in left and head not in read_hf_state_dict(converted.path)
+    # its Q8_0 blocks too: the head's (a tied embedding's) and an untied embedding's own
+    whole = ["model.embed_tokens.weight"] + ([] if args.tie_word_embeddings else ["lm_head.weight"])
+    assert all(k in left for k in whole) and not any(k in read_hf_state_dict(converted.path) for k in whole)
     per_layer = 4 if family == "phi3" else 7
-    assert len(left) == per_layer * args.num_layers + 1 and all(k.endswith("_proj.weight") for k in left if k != head)
+    assert len(left) == per_layer * args.num_layers + len(whole)
+    assert all(k.endswith("_proj.weight") for k in left if k not in whole)
     ours = load_model(converted)[0].state_dict()
     theirs = llama_state_dict(hf_model_from_gguf(path).state_dict(), args)
     assert sorted(ours) == sorted(theirs)
@@ -169,7 +171,7 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
         assert torch.equal(ours[name], weight), name
     lean = load_model(converted, lean=True)[0]
     assert lean.layers[0].qkv.weight.is_meta and not lean.layers[0].input_norm.is_meta   # left for the blocks
-    assert (lean.embed.weight if args.tie_word_embeddings else lean.lm_head.weight).is_meta
+    assert lean.embed.weight.is_meta and (args.tie_word_embeddings or lean.lm_head.weight.is_meta)
 
 
 def test_a_qwen3_gguf_is_served_over_http_as_hugging_face_generates(tmp_path):

@@ -207,6 +207,53 @@ def test_on_torch_ops_a_mixed_file_is_dequantized_once_and_quantized_again(mixed
     assert abs((ll - base_ll).mean()) < 0.05   # bf16 numbers and Q4_1 / int8 again: near, not equal
 
 
+def _untied_kind(name):
+    """An untied model as Q4_K_M files have it: the embedding in Q4_K, the head (output.weight) in Q6_K."""
+    return {"token_embd.weight": T.Q4_K, "output.weight": T.Q6_K}.get(name) or _mixed_kind(name)
+
+
+@pytest.fixture(scope="module")
+def untied(default_model, tmp_path_factory):
+    from rosefast.models import tiny_random
+    from rosefast.models.sources import resolve_model
+
+    path = tmp_path_factory.mktemp("kquants") / "tiny-untied-q4_k_m.gguf"
+    write_gguf(path, tiny_random("llama", hidden_size=256, intermediate_size=512, tie_word_embeddings=False),
+               _untied_kind)
+    return resolve_model(str(path))
+
+
+@pytest.mark.parametrize("kernels", [*TIERS, "torch"])
+def test_an_untied_embedding_is_looked_up_in_its_own_blocks_no_table_beside_them(untied, kernels, caplog):
+    """The conversion leaves an untied embedding in the file too; on the kernels it is looked up in its own Q4_K
+    tiles (no table: the weights served are the tiles), on torch's ops it is the table the blocks dequantize to.
+    Either way each row is the file's numbers."""
+    from rosefast.models.quant import weight_bytes
+    from rosefast.models.sources import left_in_gguf
+
+    assert "model.embed_tokens.weight" in left_in_gguf(untied.path)[1]   # not written into the conversion
+    _, base_ids, base_ll = _run(untied, "none")
+    with caplog.at_level("INFO", logger="rosefast.engine"):
+        engine, ids, ll = _run(untied, "auto", kernels=kernels)
+    model = engine.runner.model
+    vocab, hidden = model.args.vocab_size, model.args.hidden_size
+    if kernels == "torch":
+        assert isinstance(model.embed, torch.nn.Embedding) and not model.embed.weight.is_meta
+    else:
+        assert isinstance(model.embed, BlockEmbedding) and not model.embed.shared
+        assert model.embed.weights.parts[0].fmt == "q4_k" and model.lm_head.formats() == ["q6_k"]
+        assert "the embedding looked up in its own Q4_K blocks" in caplog.text, caplog.text
+        assert not [p for p in model.parameters() if p.numel() >= vocab * hidden]   # no table of the vocabulary
+        total, params = weight_bytes(model)
+        assert model.embed.nbytes() == pytest.approx(vocab * hidden * 4.5 / 8, rel=0.05)   # Q4_K: 4.5 bits
+        assert model.embed.nbytes() < total < 0.25 * params * 4
+    if kernels == "torch":   # bf16 numbers and the blocks quantized again: near, not equal
+        assert abs((ll - base_ll).mean()) < 0.05
+        return
+    assert ids == base_ids   # the kernels: only the activations' two int8 digits differ
+    assert abs((ll - base_ll).mean()) < 1e-3 and np.abs(ll - base_ll).max() < 1e-2
+
+
 def test_a_mixed_file_serves_over_http_as_the_engine_generates(mixed):
     engine = LLMEngine(model=mixed, dtype="float32", device="cpu", kv_cache_tokens=2048, quantization="auto")
     want = engine.generate(["Once upon a time"], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),

@@ -157,7 +157,15 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.num_requests < 1 or args.max_new_tokens < 1 or args.prompt_repeats < 1:
         raise SystemExit("--num-requests, --max-new-tokens and --prompt-repeats must be >= 1")
+    switch = sys.getswitchinterval()
     sys.setswitchinterval(0.0005)   # the arrival loop is not kept off the GIL for 5 ms by the consumer threads
+    try:
+        return _run(args)
+    finally:   # the caller's own (a test, a notebook) afterwards
+        sys.setswitchinterval(switch)
+
+
+def _run(args):
     http = args.url is not None
     if http:
         tokenizer = None

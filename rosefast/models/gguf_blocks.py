@@ -201,9 +201,12 @@ def _linear_names(family):
             "down": "ffn_down"}
 
 
+EMBEDDING = "token_embd.weight"   # the GGUF's embedding table
+
+
 def head_name(tie_word_embeddings):
     """The GGUF tensor the lm_head is: the tied embedding, or `output.weight`."""
-    return "token_embd.weight" if tie_word_embeddings else "output.weight"
+    return EMBEDDING if tie_word_embeddings else "output.weight"
 
 
 def _served_head(tensor, kinds):
@@ -213,17 +216,30 @@ def _served_head(tensor, kinds):
 
 def block_linears(tensors, family, num_layers, tie_word_embeddings):
     """The names of the GGUF tensors served from their blocks when every layer linear (`blk.{i}.attn_q.weight` ...)
-    is in a block format the kernels take: those, and the head (the tied embedding too) where it is in one other
-    than Q4_0/Q4_1 — the conversion leaves them out; else None. `tensors`: GGUFFile.tensors; `family`: a
-    families.Family."""
+    is in a block format the kernels take: those, the head (the tied embedding too) where it is in one other
+    than Q4_0/Q4_1, and an untied embedding in any of them (looked up in its blocks) — the conversion leaves them
+    out; else None. `tensors`: GGUFFile.tensors; `family`: a families.Family."""
+    return _left_in_file(tensors, family, num_layers, tie_word_embeddings, _kinds())
+
+
+def _left_in_file(tensors, family, num_layers, tie_word_embeddings, kinds):
     if family.module != "llama":
         return None
-    kinds = _kinds()
     names = [f"blk.{i}.{name}.weight" for i in range(num_layers) for name in _linear_names(family).values()]
     if not all(n in tensors and tensors[n].tensor_type in kinds for n in names):
         return None
     head = head_name(tie_word_embeddings)
-    return names + [head] if _served_head(tensors.get(head), kinds) else names
+    if _served_head(tensors.get(head), kinds):
+        names.append(head)
+    if _own_embedding(tensors, kinds, tie_word_embeddings):
+        names.append(EMBEDDING)
+    return names
+
+
+def _own_embedding(tensors, kinds, tie_word_embeddings):
+    """An untied embedding in a block format the kernels take: looked up in its own blocks."""
+    embedding = tensors.get(EMBEDDING)
+    return not tie_word_embeddings and embedding is not None and embedding.tensor_type in kinds
 
 
 def gguf_blocks(path, args, pack=None):
@@ -232,14 +248,14 @@ def gguf_blocks(path, args, pack=None):
     list of parts [(fmt, blocks)] along the rows, one per run of one format (quant_tiles' formats; q/k rows in
     Hugging Face's order: llama.cpp's reordering undone where the family has it); "head": [(fmt, blocks)] for the
     lm_head (the tied embedding, or `output.weight`) when it is in one of those formats other than Q4_0/Q4_1;
-    "linears": "q4_1" or "q8_0" when every linear is that, else "blocks"; "types": {GGML type name: tensors}.
+    "embed": [(fmt, blocks)] for an untied embedding in any of them; "linears": "q4_1" or "q8_0" when every linear is that, else "blocks"; "types": {GGML type name: tensors}.
     None when a linear is in another type (F16, IQ, Q2_K, Q3_K ...): the model is then served as converted.
     `pack(fmt, blocks)`, when given, replaces each part as it is read (one layer's blocks held at a time)."""
     pack = pack or (lambda fmt, blocks: (fmt, blocks))
     tensors = GGUFFile(path).tensors
     kinds = _kinds()
     family = FAMILIES[args.family]
-    if block_linears(tensors, family, args.num_layers, args.tie_word_embeddings) is None:
+    if _left_in_file(tensors, family, args.num_layers, args.tie_word_embeddings, kinds) is None:
         return None
     names = _linear_names(family)
     rows = _qkv_rows(args, family)
@@ -264,7 +280,14 @@ def gguf_blocks(path, args, pack=None):
     layers["types"] = types
     head = tensors.get(head_name(args.tie_word_embeddings))
     if _served_head(head, kinds):
-        fmt, unpack = kinds[head.tensor_type]
-        k, n = (int(x) for x in head.shape)
-        layers["head"] = [pack(fmt, unpack(head.data, n, k))]
+        layers["head"] = [pack(*_unpacked(head, kinds))]
+    if _own_embedding(tensors, kinds, args.tie_word_embeddings):
+        layers["embed"] = [pack(*_unpacked(tensors[EMBEDDING], kinds))]
     return layers
+
+
+def _unpacked(tensor, kinds):
+    """(fmt, blocks) of a whole tensor."""
+    fmt, unpack = kinds[tensor.tensor_type]
+    k, n = (int(x) for x in tensor.shape)    # GGUF lists the shape innermost first
+    return fmt, unpack(tensor.data, n, k)

@@ -29,14 +29,14 @@ def read_hf_state_dict(path):
 
 def _unfilled(module):
     """The weights still on the meta device (left in the GGUF): [(submodule, its name in `module`)] — layer linears,
-    and the embedding or lm_head where the head's blocks were left too."""
+    and the embedding or lm_head where their blocks were left too."""
     return [(sub, name) for name, sub in module.named_modules()
             if isinstance(sub, (nn.Linear, nn.Embedding)) and sub.weight is not None and sub.weight.is_meta]
 
 
 def load_model(model, dtype=torch.float32, device="cpu", lean=False):
     """(our model in eval mode on `device` with `dtype`, its ModelArgs) for a spec or ResolvedModel. A GGUF served
-    from its blocks keeps its layer linears (and its head's blocks) in the file (sources.left_in_gguf): `lean` leaves
+    from its blocks keeps its layer linears (and its head's, its embedding's) in the file (sources.left_in_gguf): `lean` leaves
     them on the meta device, for quantize_linears to put the blocks there (fill_linears does what it did not); else
     they are dequantized from the blocks here, bit for bit what gguf's dequantization makes."""
     resolved = resolve_model(model)
@@ -62,8 +62,8 @@ def load_model(model, dtype=torch.float32, device="cpu", lean=False):
 
 def fill_linears(module, model):
     """Dequantize into `module` (on its device and dtype) each weight load_model(lean=True) left on the meta device,
-    from the GGUF's blocks (as the kernels' tiles: tiles_cache) — a layer linear from its own, the embedding or
-    lm_head from the head's; a no-op when there is none."""
+    from the GGUF's blocks (as the kernels' tiles: tiles_cache) — a layer linear and an untied embedding from their
+    own, the lm_head and a tied embedding from the head's; a no-op when there is none."""
     holes = _unfilled(module)
     if not holes:
         return
@@ -75,6 +75,6 @@ def fill_linears(module, model):
         if name.startswith("layers."):   # layers.{i}.{qkv, o, gate_up, down}
             _, i, part = name.split(".")
             weight = dequantize_parts(tiles[int(i)][part])
-        else:   # "embed" or "lm_head"
-            weight = dequantize_parts(tiles["head"])
+        else:   # "lm_head", or "embed": its own blocks (untied) or the head's (tied)
+            weight = dequantize_parts(tiles["embed" if name == "embed" and "embed" in tiles else "head"])
         sub.weight = nn.Parameter(weight.to(device=like.device, dtype=like.dtype), requires_grad=False)

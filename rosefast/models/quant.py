@@ -102,19 +102,26 @@ class BlockLinear(_TiledLinear):
 
 
 class BlockEmbedding(nn.Module):
-    """A tied model's embedding looked up in its lm_head's blocks (the head's own tiles, no second copy of the
-    table): each looked-up row is the file's numbers, as the converted table held them."""
+    """An embedding looked up in a GGUF's blocks as the kernels hold them (no table beside them): a tied model's
+    in its lm_head's tiles (`shared`: counted there), an untied one's in its own. Each looked-up row is the file's
+    numbers, as the converted table held them."""
 
-    def __init__(self, head, dtype):
+    def __init__(self, blocks, dtype, shared):
+        """blocks: a _TiledLinear on the kernels (the lm_head, or one made of the embedding's tiles)."""
         super().__init__()
-        self.weights, self.dtype = head.weights, dtype
-        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.weights, self.dtype, self.shared = blocks.weights, dtype, shared
+        self.num_embeddings, self.embedding_dim = blocks.out_features, blocks.in_features
 
     def forward(self, ids):
         return quant_ops.impl.rows(self.weights, ids, self.dtype)
 
+    def nbytes(self):
+        """Its tiles' bytes, 0 when they are the lm_head's."""
+        return 0 if self.shared else sum(t.nbytes() for t in self.weights.parts)
+
     def extra_repr(self):
-        return f"{self.num_embeddings}, {self.embedding_dim}, the lm_head's {self.weights.parts[0].fmt.upper()} blocks"
+        whose = "the lm_head's" if self.shared else "its own"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {whose} {self.weights.parts[0].fmt.upper()} blocks"
 
 
 def torch_linear(tiles, bias=None):
@@ -322,11 +329,15 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
         elif file_head is not None and (kernels is not None or file_head[0].fmt == "q8_0"):
             model.lm_head, head_source = _from_file(file_head, None, kernels), f"the GGUF's {_described(file_head)} blocks"
             if model.args.tie_word_embeddings and kernels is not None and isinstance(model.embed, nn.Embedding):
-                model.embed = BlockEmbedding(model.lm_head, model.embed.weight.dtype)   # the table's copy dropped
+                model.embed = BlockEmbedding(model.lm_head, model.embed.weight.dtype, True)   # the table dropped
                 head_source += ", the embedding looked up in them"
         else:
             model.lm_head = Int8Linear.from_weight(weight(), kernels=kernels)
         count += 1
+    embedding = ""
+    if from_file is not None and "embed" in from_file and kernels is not None and isinstance(model.embed, nn.Embedding):
+        model.embed = BlockEmbedding(_from_file(from_file["embed"], None, kernels), model.embed.weight.dtype, False)
+        embedding = f", the embedding looked up in its own {_described(from_file['embed'])} blocks"   # no table
     if own == mode:
         source = f"the GGUF's {from_file['linears'].upper()} blocks" if mode != "blocks" else "the GGUF's blocks"
         types = ", ".join(f"{n} {c}" for n, c in sorted(from_file["types"].items()))
@@ -338,9 +349,9 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
                                                    if mode == "blocks" else ")"))
     tiled = [m for m in model.modules() if isinstance(m, _TiledLinear)]
     total, params = sum(m.nbytes() for m in tiled), sum(m.out_features * m.in_features for m in tiled)
-    log.info("quantization %s: %d linear layers (%s), lm_head %s (%s), on %s; those layers %.1f MB, %.2f bits a "
-             "weight", mode, count, source, head, head_source if head != "none" else "as loaded", on, total / 1e6,
-             8 * total / max(params, 1))
+    log.info("quantization %s: %d linear layers (%s), lm_head %s (%s)%s, on %s; those layers %.1f MB, %.2f bits a "
+             "weight", mode, count, source, head, head_source if head != "none" else "as loaded", embedding, on,
+             total / 1e6, 8 * total / max(params, 1))
     return count, source
 
 
@@ -351,7 +362,8 @@ def weight_bytes(model):
         if isinstance(module, _TiledLinear):
             total += module.nbytes()
             params += module.out_features * module.in_features
-        elif isinstance(module, BlockEmbedding):   # the head's tiles, counted there
+        elif isinstance(module, BlockEmbedding):   # a tied one's tiles are the head's, counted there
+            total += module.nbytes()
             params += module.num_embeddings * module.embedding_dim
         elif isinstance(module, PackedLinear):   # oneDNN's bf16 copy (of the embedding too, for a tied head)
             total += module.out_features * module.in_features * 2

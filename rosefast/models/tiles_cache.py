@@ -3,7 +3,8 @@ reads the file (gguf_blocks) and re-lays its blocks out one layer at a time; a l
 nothing re-packed — the served bytes, no more.
 
     tiles = cached_tiles(gguf_path, args, cache_dir)
-    # {"linears": "q4_1" | "q8_0" | "blocks", "types": {"Q4_K": 7, ...}, i: {"qkv": [Tiles, ...], ...}, "head": [Tiles]}
+    # {"linears": "q4_1" | "q8_0" | "blocks", "types": {"Q4_K": 7, ...}, i: {"qkv": [Tiles, ...], ...}, "head": [Tiles],
+    #  "embed": [Tiles]}   ("head" and "embed" where gguf_blocks has them)
 """
 import json
 import logging
@@ -15,11 +16,13 @@ from rosefast.models.quant_tiles import Tiles, pack_tiles
 
 log = logging.getLogger("rosefast.engine")
 
-TILES_FILE = "gguf_tiles.v5.safetensors"
-_FORMAT = "5"     # another format is rebuilt from the GGUF
+TILES_FILE = "gguf_tiles.v6.safetensors"
+_FORMAT = "6"     # another format is rebuilt from the GGUF
 _FIELDS = ("w", "d", "m", "sc", "mn")
+WHOLE = ("head", "embed")   # tensors kept whole (not a layer's linears)
 _SUPERSEDED = ("q4_1_blocks.safetensors", "gguf_blocks.v2.safetensors", "gguf_blocks.v3.safetensors",
-               "gguf_blocks.v4.safetensors")   # earlier releases' caches: the blocks before re-laying out
+               "gguf_blocks.v4.safetensors",   # earlier releases' caches: the blocks before re-laying out
+               "gguf_tiles.v5.safetensors")    # the tiles without an untied embedding
 
 
 def file_tiles(gguf_path, args):
@@ -48,8 +51,8 @@ def cached_tiles(gguf_path, args, cache_dir):
 
 def _entries(layers):
     for i, parts in layers.items():
-        if i == "head":
-            yield "head", parts
+        if i in WHOLE:
+            yield i, parts
         elif isinstance(i, int):
             for name, linear in parts.items():
                 yield f"{i}.{name}", linear
@@ -93,8 +96,8 @@ def _load(path, args):
                 fields = {field: f.get_tensor(f"{key}.{p}.{field}").clone() for field in _FIELDS
                           if f"{key}.{p}.{field}" in names}
                 parts.append(Tiles(fmt, n, **fields))
-            if key == "head":
-                layers["head"] = parts
+            if key in WHOLE:
+                layers[key] = parts
             else:
                 i, name = key.split(".")
                 layers.setdefault(int(i), {})[name] = parts
