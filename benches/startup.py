@@ -48,7 +48,8 @@ def main(argv=None):
     a = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="rosefast-startup-") as cache:
-        print("| start | converted | resolve (s) | engine (s) | peak RSS (GB) | RSS serving (GB) | cache (MB) | greedy tokens |")
+        print("| start | converted | resolve (s) | engine (s) | peak RSS (GB) | RSS serving (GB) | cache (MB) "
+              "| greedy tokens |")
         print("|---|---|---|---|---|---|---|---|")
         for i in range(a.starts):
             r = one_start(a.model, cache, a.quantization)

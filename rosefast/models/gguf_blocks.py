@@ -248,7 +248,8 @@ def gguf_blocks(path, args, pack=None):
     list of parts [(fmt, blocks)] along the rows, one per run of one format (quant_tiles' formats; q/k rows in
     Hugging Face's order: llama.cpp's reordering undone where the family has it); "head": [(fmt, blocks)] for the
     lm_head (the tied embedding, or `output.weight`) when it is in one of those formats other than Q4_0/Q4_1;
-    "embed": [(fmt, blocks)] for an untied embedding in any of them; "linears": "q4_1" or "q8_0" when every linear is that, else "blocks"; "types": {GGML type name: tensors}.
+    "embed": [(fmt, blocks)] for an untied embedding in any of them; "linears": "q4_1" or "q8_0" when every linear
+    is that, else "blocks"; "types": {GGML type name: tensors}.
     None when a linear is in another type (F16, IQ, Q2_K, Q3_K ...): the model is then served as converted.
     `pack(fmt, blocks)`, when given, replaces each part as it is read (one layer's blocks held at a time)."""
     pack = pack or (lambda fmt, blocks: (fmt, blocks))

@@ -62,13 +62,20 @@ def _gguf_parsed_once():
         gguf.GGUFReader, gguf.get_tensor_name_map, gguf.gguf_reader.np, hf_gguf.load_gguf_checkpoint = saved
 
 
-def _with_gguf_fixes(config, gguf_path):
-    """transformers' config of a GGUF with what its reader leaves out read from the file (models.gguf_config)."""
+def _config(gguf):
+    """transformers' config of a GGUF with what its reader leaves out read from the file (models.gguf_config). Call
+    inside _gguf_parsed_once."""
+    from transformers import AutoConfig
+
     from rosefast.models.gguf_config import gguf_config_fixes
     from rosefast.models.gguf_file import GGUFFile
 
+    try:
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
+        raise ModelError(f"{str(gguf)!r} is not a readable GGUF model: {e}") from e
     as_dict = config.to_dict()
-    fixes = gguf_config_fixes(GGUFFile(gguf_path), as_dict)
+    fixes = gguf_config_fixes(GGUFFile(gguf), as_dict)
     return type(config).from_dict({**as_dict, **fixes}) if fixes else config
 
 
@@ -112,7 +119,7 @@ def convert_gguf(gguf, dest):
     import torch
     from safetensors.torch import save_file
     from tqdm import tqdm
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rosefast.models.gguf_blocks import block_linears
     from rosefast.models.gguf_file import GGUFFile
@@ -120,11 +127,7 @@ def convert_gguf(gguf, dest):
     kwargs = {"gguf_file": gguf.name}
     with tqdm(total=4, desc=f"rosefast: converting {gguf.name} (once)", unit="step", file=sys.stderr) as bar, \
             _gguf_parsed_once():
-        try:
-            config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
-        except Exception as e:  # noqa: BLE001 - any parse failure means the same thing to the user
-            raise ModelError(f"{str(gguf)!r} is not a readable GGUF model: {e}") from e
-        config = _with_gguf_fixes(config, gguf)
+        config = _config(gguf)
         check_architecture(config.model_type, str(gguf))
         bar.update()
         AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(dest)
@@ -153,10 +156,10 @@ def hf_model_from_gguf(gguf, dtype=None):
     """transformers' own model of a GGUF file (every tensor dequantized by gguf), with the config fixes ours
     has: the reference a converted model is checked against, whatever the conversion left in the file."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     with _gguf_parsed_once():
-        config = _with_gguf_fixes(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
+        config = _config(gguf)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, config=config,
                                                      dtype=dtype or torch.float32)
     return model.eval()

@@ -36,9 +36,10 @@ def _unfilled(module):
 
 def load_model(model, dtype=torch.float32, device="cpu", lean=False):
     """(our model in eval mode on `device` with `dtype`, its ModelArgs) for a spec or ResolvedModel. A GGUF served
-    from its blocks keeps its layer linears (and its head's, its embedding's) in the file (sources.left_in_gguf): `lean` leaves
-    them on the meta device, for quantize_linears to put the blocks there (fill_linears does what it did not); else
-    they are dequantized from the blocks here, bit for bit what gguf's dequantization makes."""
+    from its blocks keeps its layer linears (and its head's and its embedding's blocks) in the file
+    (sources.left_in_gguf): `lean` leaves them on the meta device, for quantize_linears to put the blocks there
+    (fill_linears does what it did not); else they are dequantized from the blocks here, bit for bit what gguf's
+    dequantization makes."""
     resolved = resolve_model(model)
     args = load_model_args(resolved.path)
     cls, convert = ARCHES[args.arch]
