@@ -106,11 +106,11 @@ class BlockEmbedding(nn.Module):
     in its lm_head's tiles (`shared`: counted there), an untied one's in its own. Each looked-up row is the file's
     numbers, as the converted table held them."""
 
-    def __init__(self, blocks, dtype, shared):
-        """blocks: a _TiledLinear on the kernels (the lm_head, or one made of the embedding's tiles)."""
+    def __init__(self, weights, dtype, shared):
+        """weights: quant_ops.impl.Weights (the lm_head's, or the embedding's own tiles')."""
         super().__init__()
-        self.weights, self.dtype, self.shared = blocks.weights, dtype, shared
-        self.num_embeddings, self.embedding_dim = blocks.out_features, blocks.in_features
+        self.weights, self.dtype, self.shared = weights, dtype, shared
+        self.num_embeddings, self.embedding_dim = weights.out_features, weights.in_features
 
     def forward(self, ids):
         return quant_ops.impl.rows(self.weights, ids, self.dtype)
@@ -329,14 +329,16 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
         elif file_head is not None and (kernels is not None or file_head[0].fmt == "q8_0"):
             model.lm_head, head_source = _from_file(file_head, None, kernels), f"the GGUF's {_described(file_head)} blocks"
             if model.args.tie_word_embeddings and kernels is not None and isinstance(model.embed, nn.Embedding):
-                model.embed = BlockEmbedding(model.lm_head, model.embed.weight.dtype, True)   # the table dropped
+                model.embed = BlockEmbedding(model.lm_head.weights, model.embed.weight.dtype, True)   # no table
                 head_source += ", the embedding looked up in them"
         else:
             model.lm_head = Int8Linear.from_weight(weight(), kernels=kernels)
         count += 1
     embedding = ""
     if from_file is not None and "embed" in from_file and kernels is not None and isinstance(model.embed, nn.Embedding):
-        model.embed = BlockEmbedding(_from_file(from_file["embed"], None, kernels), model.embed.weight.dtype, False)
+        tiles = from_file["embed"]
+        weights = quant_ops.impl.Weights(tiles, None, tiles[0].in_features)
+        model.embed = BlockEmbedding(weights, model.embed.weight.dtype, False)
         embedding = f", the embedding looked up in its own {_described(from_file['embed'])} blocks"   # no table
     if own == mode:
         source = f"the GGUF's {from_file['linears'].upper()} blocks" if mode != "blocks" else "the GGUF's blocks"
