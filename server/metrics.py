@@ -23,6 +23,10 @@ MANAGER_LIVE = (
 ENGINE_LIVE = (
     (GaugeMetricFamily, "rosefast_kv_blocks_used", "KV cache blocks in use", "kv_blocks_used"),
     (GaugeMetricFamily, "rosefast_kv_blocks_total", "KV cache blocks", "kv_blocks_total"),
+    (GaugeMetricFamily, "rosefast_kv_window_blocks_used", "the sliding-window layers' own KV blocks in use (0: no "
+                                                          "such pool)", "kv_window_blocks_used"),
+    (GaugeMetricFamily, "rosefast_kv_window_blocks_total", "the sliding-window layers' own KV blocks",
+     "kv_window_blocks_total"),
     (CounterMetricFamily, "rosefast_prefix_cache_hits", "prefix cache block hits", "prefix_cache_hits"),
     (CounterMetricFamily, "rosefast_prefix_cache_misses", "prefix cache block misses", "prefix_cache_misses"),
     (CounterMetricFamily, "rosefast_prefix_cache_evictions", "cached blocks evicted", "prefix_cache_evictions"),

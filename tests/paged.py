@@ -27,11 +27,16 @@ def run_ours(runner, prompts, steps, next_tokens=None, shuffle_seed=None):
     Returns per sequence: [prefill logits [len, V], decode logits [V] x steps].
     """
     pool = BlockPool(runner.kv.num_blocks, shuffle_seed)
+    # the sliding-window layers' own pool, where they have one (its tables keep every block here)
+    windows = BlockPool(runner.kv.window_blocks, shuffle_seed) if runner.kv.window_data is not None else None
     bs = runner.block_size
     tables = [[] for _ in prompts]
-    for t, p in zip(tables, prompts):
+    wtables = [[] if windows else None for _ in prompts]
+    for t, w, p in zip(tables, wtables, prompts):
         pool.grow(t, len(p), bs)
-    seqs = [SeqInput(list(p), 0, t) for p, t in zip(prompts, tables)]
+        if windows:
+            windows.grow(w, len(p), bs)
+    seqs = [SeqInput(list(p), 0, t, window_table=w) for p, t, w in zip(prompts, tables, wtables)]
     logits = runner.forward(seqs, True, all_logits=True).float()
     out, start = [], 0
     for p in prompts:
@@ -43,7 +48,9 @@ def run_ours(runner, prompts, steps, next_tokens=None, shuffle_seed=None):
             nxt = next_tokens[i][step] if next_tokens else int(out[i][-1][-1].argmax())
             seq_tokens.append(nxt)
             pool.grow(tables[i], len(seq_tokens), bs)
-        seqs = [SeqInput([t[-1]], len(t) - 1, tb) for t, tb in zip(tokens, tables)]
+            if windows:
+                windows.grow(wtables[i], len(seq_tokens), bs)
+        seqs = [SeqInput([t[-1]], len(t) - 1, tb, window_table=w) for t, tb, w in zip(tokens, tables, wtables)]
         step_logits = runner.forward(seqs, False).float()
         for i in range(len(prompts)):
             out[i].append(step_logits[i:i + 1])

@@ -12,19 +12,34 @@ from rosefast.engine.sampling_params import SamplingParams
 SHARED = list(range(500, 532))   # a common 32-token prefix, so the prefix cache is exercised
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    # a small pool: preemption, eviction and prefix reuse all happen
-    return LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=96, block_size=4, max_batch_size=6,
-                     prefill_max_batch_size=3, max_num_batched_tokens=24)
+@pytest.fixture(scope="module", params=["llama", "mistral-window-8"])
+def engine(request, tiny_llama):
+    """A small pool: preemption, eviction and prefix reuse all happen. Mistral on a window of 8 positions: its
+    layers' own pool (23 blocks, beside 24 that count what is admitted) is given back as sequences move on."""
+    if request.param == "llama":
+        return LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=96, block_size=4, max_batch_size=6,
+                         prefill_max_batch_size=3, max_num_batched_tokens=24)
+    from rosefast.models import tiny_random
+
+    engine = LLMEngine(model=tiny_random("mistral", sliding_window=8), dtype="float32", kv_cache_tokens=96,
+                       block_size=4, max_batch_size=2, prefill_max_batch_size=3, max_num_batched_tokens=24)
+    assert engine.block_manager.window.num_blocks == 23
+    return engine
 
 
 def check_pool(engine):
     bm = engine.block_manager
     bm.check()
-    refs = Counter(b for seq in engine.seqs.values() for b in seq.block_table)
-    assert all(bm.ref_counts[b] == n for b, n in refs.items())
-    assert sum(1 for r in bm.ref_counts if r) == len(refs)
+    for pool, tables in ((bm, [seq.block_table for seq in engine.seqs.values()]),
+                         (bm.window, [seq.window_table for seq in engine.seqs.values()])):
+        if pool is None:
+            continue
+        refs = Counter(b for table in tables for b in table if b < pool.num_blocks)   # (the window's released)
+        assert all(pool.ref_counts[b] == n for b, n in refs.items())
+        assert sum(1 for r in pool.ref_counts if r) == len(refs)
+    if bm.window is not None:   # between steps: at most the 3 blocks of 4 a window of 8 positions touches
+        released = bm.window.released
+        assert all(sum(b != released for b in seq.window_table) <= 3 for seq in engine.seqs.values())
 
 
 def apply(engine, ops, rng):

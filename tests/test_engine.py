@@ -76,6 +76,25 @@ def test_forced_hash_collision_is_caught_by_token_comparison(tiny_llama, prompts
     assert engine.block_manager.misses >= 1 and engine.block_manager.hits == 0
 
 
+def test_a_block_after_one_left_unregistered_is_cached_under_its_own_chain(tiny_llama):
+    """Two equal prompts prefilled in one step: the second's blocks find their hashes taken (by the first's
+    equal blocks) and stay unregistered. The block each then fills while decoding must still be registered
+    under its chain from the prompt, not as if it began a sequence: a prompt that starts with that block's
+    tokens gets no hit there (its K/V were computed at other positions) and is computed as on a cold engine."""
+    engine = make_engine(tiny_llama)
+    prompt = list(range(700, 708))   # two full blocks of 4
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    first, second = engine.generate([prompt, prompt], params, use_tqdm=False)
+    assert first["token_ids"] == second["token_ids"]
+    later = first["token_ids"][:4] + [9]   # starts with the tokens of the first decoded block (positions 8-11)
+    hits = engine.block_manager.hits
+    got = engine.generate([later], params, use_tqdm=False)[0]["token_ids"]
+    assert engine.block_manager.hits == hits, "a block computed at positions 8-11 served as positions 0-3"
+    assert got == make_engine(tiny_llama, enable_prefix_cache=False).generate([later], params,
+                                                                             use_tqdm=False)[0]["token_ids"]
+    engine.block_manager.check()
+
+
 def test_small_kv_budget_forces_preemption_with_identical_output(tiny_llama, prompts, solo):
     engine = make_engine(tiny_llama, kv_cache_tokens=64, enable_prefix_cache=False)
     out, _ = drive(engine, {0: prompts})

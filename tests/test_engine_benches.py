@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from benches import add_request, decode_step, llama_cpp, throughput
+from benches import add_request, decode_step, llama_cpp, throughput, window_kv
 
 
 def test_decode_step_prints_ours_floor_and_hf(tiny_llama, capsys):
@@ -52,3 +52,14 @@ def test_the_startup_benchmark_converts_once_then_reads_the_cache(tiny_llama, tm
     assert first["converted"] and not later["converted"]
     assert first["tokens"] == later["tokens"] and len(first["tokens"]) == 8
     assert later["cache_mb"] == first["cache_mb"] and later["peak_rss_gb"] >= later["rss_gb"] > 0
+
+
+def test_the_window_pool_benchmark_plans_and_measures(default_model, capsys):
+    rows, (main_peak, window_peak, window_blocks) = window_kv.main(["--context", "1024", "--sequences", "2",
+                                                                     "--max-batch-sizes", "8"])
+    assert [r[0] for r in rows] == list(window_kv.SHAPES) and all(r[4] <= r[3] for r in rows)
+    assert rows[0][4] < rows[0][3]   # Gemma 3 1B: 22 of its 26 layers keep a window of 512 and a step
+    # two sequences of 1024 + 16 tokens: 65 blocks each in the other pool; the window's 512 positions and a
+    # prefill chunk in the window pool
+    assert main_peak == 130 and 0 < window_peak <= window_blocks and window_peak < main_peak
+    assert "| Gemma 3 1B | 8 | 22 of 26 (W 512) |" in capsys.readouterr().out

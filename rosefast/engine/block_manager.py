@@ -5,6 +5,10 @@ block's chain starts from the sequence's cache_salt: a long-RoPE sequence past i
 its K/V are computed. A new sequence looks its leading full blocks up by hash, and a hit is confirmed
 by comparing the tokens, so a hash collision can never hand out the wrong K/V. Freed blocks keep their
 hash and content until they are needed again (lazy eviction, least recently freed first).
+
+A model with sliding-window layers keeps their K/V in a pool of their own (rosefast.engine.window_blocks):
+this manager's blocks are then the other layers' (and the admission's count), and each call here keeps the
+window's table in step.
 """
 from collections import OrderedDict, deque
 
@@ -13,21 +17,19 @@ def chain_hash(prev_hash, tokens):
     return hash((prev_hash, tokens))
 
 
-class BlockManager:
-    def __init__(self, num_blocks, block_size, enable_prefix_cache=True, hash_fn=chain_hash):
+class BlockPool:
+    """One pool's blocks: reference counts, the free lists and the prefix cache's registry (hash -> block)."""
+
+    def __init__(self, num_blocks, block_size):
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.enable_prefix_cache = enable_prefix_cache
-        self.hash_fn = hash_fn
         self.ref_counts = [0] * num_blocks
         self.block_hash = [None] * num_blocks
         self.block_tokens = [None] * num_blocks
         self.hash_to_block = {}
         self.free_plain = deque(range(num_blocks))    # no cached content: handed out first
         self.free_cached = OrderedDict()              # cached content, least recently freed first
-        self.hits = self.misses = self.evictions = 0
-
-    # -- accounting ---------------------------------------------------------------------------------
+        self.evictions = 0
 
     @property
     def num_free_blocks(self):
@@ -40,8 +42,6 @@ class BlockManager:
     def blocks_for(self, num_tokens):
         return -(-num_tokens // self.block_size)
 
-    # -- allocation ---------------------------------------------------------------------------------
-
     def _take_free(self):
         if self.free_plain:
             block = self.free_plain.popleft()
@@ -53,45 +53,104 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
+    def _cached(self, h, tokens):
+        """The block registered under `h` holding `tokens`, or None (a collision is a miss)."""
+        block = self.hash_to_block.get(h)
+        return block if block is not None and self.block_tokens[block] == tokens else None
+
+    def _acquire(self, block):
+        """One more reference to a block (a cached one taken back out of the free list)."""
+        if self.ref_counts[block] == 0:
+            del self.free_cached[block]
+        self.ref_counts[block] += 1
+
+    def _register(self, block, h, tokens):
+        """Register a computed full block under its chain hash, unless it is registered already or the hash is
+        taken (by an equal block cached elsewhere, or a colliding one: this one stays unregistered)."""
+        if self.block_hash[block] is None and h not in self.hash_to_block:
+            self.block_hash[block] = h
+            self.block_tokens[block] = tokens
+            self.hash_to_block[h] = block
+
+    def _release(self, block):
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] < 0:
+            raise RuntimeError(f"block {block} freed twice")
+        if self.ref_counts[block] == 0:
+            if self.block_hash[block] is not None:
+                self.free_cached[block] = None
+            else:
+                self.free_plain.append(block)
+
+    def check(self):
+        """Consistency of the pool (tests): every block is either referenced or free, exactly once."""
+        free = list(self.free_plain) + list(self.free_cached)
+        assert len(free) == len(set(free)), "a block is free twice"
+        assert all(self.ref_counts[b] == 0 for b in free), "a free block is referenced"
+        assert sum(1 for r in self.ref_counts if r > 0) + len(free) == self.num_blocks, "a block leaked"
+        assert all(self.block_hash[b] == h for h, b in self.hash_to_block.items())
+
+
+class BlockManager(BlockPool):
+    def __init__(self, num_blocks, block_size, enable_prefix_cache=True, hash_fn=chain_hash, window=None):
+        """window: the sliding-window layers' blocks (a WindowBlocks), or None when the model has none."""
+        super().__init__(num_blocks, block_size)
+        self.enable_prefix_cache = enable_prefix_cache
+        self.hash_fn = hash_fn
+        self.window = window
+        self.hits = self.misses = 0
+
+    # -- allocation ---------------------------------------------------------------------------------
+
     def lookup(self, seq):
-        """The cached leading blocks of `seq` (at most all but its last token), and whether the search
-        ended on a miss. Changes nothing: pass the result to can_allocate and allocate."""
+        """The cached leading blocks of `seq` (at most all but its last token), whether the search ended on a
+        miss, and their chain hashes. Changes nothing: pass the result to can_allocate and allocate. With a
+        window pool the hit ends where the window's blocks before it are cached too."""
         if not self.enable_prefix_cache or seq.wants_prompt_logprobs:   # every position computed, none skipped
-            return [], False
-        bs, found, prev = self.block_size, [], seq.cache_salt
+            return [], False, []
+        bs, found, hashes, prev = self.block_size, [], [], seq.cache_salt
+        missed = False
         for i in range((seq.num_tokens - 1) // bs):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = self.hash_fn(prev, tokens)
-            block = self.hash_to_block.get(h)
-            if block is None or self.block_tokens[block] != tokens:   # a collision is a miss
-                return found, True
+            block = self._cached(h, tokens)
+            if block is None:
+                missed = True
+                break
             found.append(block)
+            hashes.append(h)
             prev = h
-        return found, False
+        if self.window is not None and found:
+            k = self.window.cached_prefix(seq, hashes)
+            if k < len(found):
+                found, hashes, missed = found[:k], hashes[:k], True
+        return found, missed, hashes
 
     def can_allocate(self, seq, hit):
         """Whether `seq` fits now, given its `lookup` result (and a block for each choice it will fork)."""
-        found, _ = hit
+        found = hit[0]
         revived = sum(1 for b in found if self.ref_counts[b] == 0)
         need = self.blocks_for(seq.num_tokens) - len(found) + revived + len(seq.fork_ids)
         return need <= self.num_free_blocks
 
     def allocate(self, seq, hit):
         """Give a waiting sequence blocks for all its tokens, reusing the cached leading blocks found by
-        `lookup` (nothing ran between the two: the engine thread owns the block manager)."""
+        `lookup` (nothing ran between the two: the engine thread owns the block manager). The window pool
+        takes its cached blocks before the hit now, the rest as the steps reach them (prepare)."""
         assert not seq.block_table
-        found, missed = hit
+        found, missed, hashes = hit
         self.hits += len(found)
         self.misses += missed
         for block in found:
-            if self.ref_counts[block] == 0:
-                del self.free_cached[block]
-            self.ref_counts[block] += 1
+            self._acquire(block)
             seq.block_table.append(block)
         seq.num_hashed_blocks = len(seq.block_table)
+        seq.last_hash = hashes[-1] if hashes else None
         seq.num_cached = len(seq.block_table) * self.block_size
         if seq.cached_prompt_tokens is None:   # what a client is told was cached: its first admission's hits
             seq.cached_prompt_tokens = min(seq.num_cached, seq.num_prompt_tokens)
+        if self.window is not None:
+            self.window.allocate(seq, hashes)
         self.append_slot(seq)
 
     def can_append(self, seq):
@@ -102,11 +161,18 @@ class BlockManager:
         while len(seq.block_table) < self.blocks_for(seq.num_tokens):
             seq.block_table.append(self._take_free())
 
+    def prepare(self, seq, num_tokens):
+        """Before a step that computes the sequence's positions up to `num_tokens`: the window pool's blocks for
+        them (this pool's the sequence has: allocate, append_slot, reserve)."""
+        if self.window is not None:
+            self.window.extend(seq, num_tokens)
+
     def reserve(self, seq, num_tokens):
         """Blocks up to `num_tokens` tokens for a step that computes past the sequence's newest token (a
         speculative step's proposals; the caller counted the free blocks). `trim` gives back what was not kept."""
         while len(seq.block_table) < self.blocks_for(num_tokens):
             seq.block_table.append(self._take_free())
+        self.prepare(seq, num_tokens)
 
     def trim(self, seq):
         """Give back the blocks past the sequence's newest token (reserved, then not needed: their K/V are of
@@ -114,13 +180,15 @@ class BlockManager:
         keep = self.blocks_for(seq.num_tokens)
         while len(seq.block_table) > keep:
             block = seq.block_table.pop()
-            self.ref_counts[block] -= 1
-            assert self.ref_counts[block] == 0 and self.block_hash[block] is None, "a trimmed block was shared"
-            self.free_plain.append(block)
+            assert self.ref_counts[block] == 1 and self.block_hash[block] is None, "a trimmed block was shared"
+            self._release(block)
+        if self.window is not None:
+            self.window.trim(seq, keep)
 
     def fork(self, parent, child):
         """Give `child` the parent's computed blocks: the full ones shared (ref-counted), a trailing partial
-        one copied into a fresh block. Returns that copy's (source, destination) blocks, or None; False when
+        one copied into a fresh block. Returns the copies to make, (source, destination) blocks of this pool
+        and of the window's (None where there is no partial block), or None when there is none; False when
         there is no free block for it (nothing is changed then)."""
         full = parent.num_cached // self.block_size
         partial = len(parent.block_table) > full
@@ -131,55 +199,51 @@ class BlockManager:
         child.block_table = parent.block_table[:full]
         child.num_cached = parent.num_cached
         child.num_hashed_blocks = min(parent.num_hashed_blocks, full)
+        child.last_hash = parent.last_hash
+        window = self.window.fork(parent, child, full) if self.window is not None else None
         if not partial:
             return None
         block = self._take_free()
         child.block_table.append(block)
-        return parent.block_table[full], block
+        return (parent.block_table[full], block), window
 
     def commit(self, seq):
-        """Register the full blocks whose K/V are now computed, so later requests can reuse them."""
-        if not self.enable_prefix_cache:
-            return
-        bs = self.block_size
-        full = min(seq.num_cached, len(seq.token_ids)) // bs
-        i = seq.num_hashed_blocks
-        if i >= full:   # most steps: no block filled up
-            return
-        prev = self.block_hash[seq.block_table[i - 1]] if i else seq.cache_salt
+        """Register the full blocks whose K/V are now computed, so later requests can reuse them (and give the
+        window pool's blocks that fell out of the window back)."""
+        if self.enable_prefix_cache:
+            bs = self.block_size
+            full = min(seq.num_cached, len(seq.token_ids)) // bs
+            i = seq.num_hashed_blocks
+            if i < full:   # most steps: no block filled up
+                self._commit_blocks(seq, i, full)
+        if self.window is not None:
+            self.window.advance(seq)
+
+    def _commit_blocks(self, seq, i, full):
+        bs, prev, window = self.block_size, seq.last_hash if i else seq.cache_salt, self.window
         while i < full:
-            block = seq.block_table[i]
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = self.hash_fn(prev, tokens)
-            if self.block_hash[block] is None and h not in self.hash_to_block:
-                self.block_hash[block] = h
-                self.block_tokens[block] = tokens
-                self.hash_to_block[h] = block
-            # else: a reused block (already registered), or this hash is taken by an equal block cached
-            # elsewhere or by a colliding one: leave this block unregistered, the chain goes on
+            self._register(seq.block_table[i], h, tokens)   # the chain goes on past a block left unregistered
+            if window is not None:
+                window.register(seq, i, h, tokens)
             prev = h
             i += 1
-        seq.num_hashed_blocks = i
+        seq.num_hashed_blocks, seq.last_hash = i, prev
 
     def free(self, seq):
         """Release the sequence's blocks (deepest first, so a prefix's root is evicted last)."""
         for block in reversed(seq.block_table):
-            self.ref_counts[block] -= 1
-            if self.ref_counts[block] < 0:
-                raise RuntimeError(f"block {block} freed twice")
-            if self.ref_counts[block] == 0:
-                if self.block_hash[block] is not None:
-                    self.free_cached[block] = None
-                else:
-                    self.free_plain.append(block)
+            self._release(block)
+        if self.window is not None:
+            self.window.free(seq)
         seq.block_table = []
         seq.num_cached = 0
         seq.num_hashed_blocks = 0
+        seq.last_hash = None
 
     def check(self):
-        """Consistency of the pool (tests): every block is either referenced or free, exactly once."""
-        free = list(self.free_plain) + list(self.free_cached)
-        assert len(free) == len(set(free)), "a block is free twice"
-        assert all(self.ref_counts[b] == 0 for b in free), "a free block is referenced"
-        assert sum(1 for r in self.ref_counts if r > 0) + len(free) == self.num_blocks, "a block leaked"
-        assert all(self.block_hash[b] == h for h, b in self.hash_to_block.items())
+        """Consistency of the pools (tests)."""
+        super().check()
+        if self.window is not None:
+            self.window.check()

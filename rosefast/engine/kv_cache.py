@@ -7,17 +7,27 @@ context contiguous, which is what the attention matmuls want — no transpose co
 
 The extra last block is scratch: padded slots and padded block-table entries point there, so a padded
 batch (CUDA graphs) never writes into a real sequence's blocks.
+
+A model with sliding-window layers may keep theirs in a second, smaller pool (`window_blocks`; its tables:
+rosefast.engine.window_blocks), with a scratch block of its own.
 """
 import logging
 import os
 
 import torch
 
+from rosefast.engine.window_blocks import pool_blocks
+
 log = logging.getLogger("rosefast.engine")
 
 
-def bytes_per_token(args, dtype):
-    return 2 * args.num_layers * args.num_kv_heads * args.head_dim * torch.empty((), dtype=dtype).element_size()
+def layer_bytes_per_token(args, dtype):
+    """One layer's K and V of one token."""
+    return 2 * args.num_kv_heads * args.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def windowed_layers(args):
+    return [i for i in range(args.num_layers) if args.layer_window(i)]
 
 
 def available_memory():
@@ -63,37 +73,81 @@ def measure_cuda_budget(device, utilization, profile):
     return budget
 
 
-def plan_blocks(config, args, dtype, device, profile=None):
-    """Number of blocks from `kv_cache_tokens`; else on CUDA what gpu_memory_utilization leaves after
-    `profile()`'s peak, on the CPU `kv_memory_fraction` of the available RAM."""
-    per_token = bytes_per_token(args, dtype)
+def split_budget(budget, layer_block, num_layers, windowed, window_need, most):
+    """(blocks, window blocks) for `budget` bytes, a layer's block taking `layer_block` of them, `windowed` of the
+    `num_layers` layers on a sliding window whose pool needs at most `window_need` blocks. The window pool is
+    that need when the budget holds it and at least as many of the other blocks (else both pools are one size,
+    the budget's whole-model count: the window layers then never hold more blocks than the others). With every
+    layer windowed the other blocks hold no memory: they only count what is admitted, `most` of them."""
+    whole = max(1, budget // (layer_block * num_layers))
+    if not windowed:
+        return whole, 0
+    rest = budget - window_need * layer_block * windowed
+    if windowed == num_layers:
+        return (most, window_need) if rest >= 0 else (whole, whole)
+    blocks = rest // (layer_block * (num_layers - windowed))
+    return (blocks, window_need) if blocks >= window_need else (whole, whole)
+
+
+def plan_blocks(config, args, dtype, device, profile=None, max_blocks_per_seq=1):
+    """(blocks, window blocks): from `kv_cache_tokens` (the blocks; the window pool its need, at most as many),
+    else on CUDA what gpu_memory_utilization leaves after `profile()`'s peak, on the CPU `kv_memory_fraction` of
+    the available RAM (split_budget). The window pool is 0 for a model with no sliding-window layer."""
+    bs, layer = config.block_size, layer_bytes_per_token(args, dtype)
+    windowed = windowed_layers(args)
+    need = pool_blocks(config, args.sliding_window) if windowed else 0
     if config.kv_cache_tokens:
-        tokens = config.kv_cache_tokens
-    elif device.type == "cuda":
-        tokens = measure_cuda_budget(device, config.gpu_memory_utilization, profile or (lambda: None)) // per_token
+        blocks = max(1, -(-config.kv_cache_tokens // bs))
+        window = min(blocks, need)
     else:
-        tokens = int(available_memory() * config.kv_memory_fraction) // per_token
-    blocks = max(1, -(-tokens // config.block_size))
-    log.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)", blocks, config.block_size,
-             blocks * config.block_size, blocks * config.block_size * per_token / 2**20, dtype)
-    return blocks
+        if device.type == "cuda":
+            budget = measure_cuda_budget(device, config.gpu_memory_utilization, profile or (lambda: None))
+        else:
+            budget = int(available_memory() * config.kv_memory_fraction)
+        running = min(config.max_batch_size, config.max_active_requests or config.max_batch_size)
+        blocks, window = split_budget(budget, layer * bs, args.num_layers, len(windowed), need,
+                                      running * max_blocks_per_seq)
+    full = args.num_layers - len(windowed)
+    log.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)", blocks, bs, blocks * bs,
+             blocks * bs * layer * full / 2**20, dtype)
+    if windowed:
+        log.info("KV cache of the %d sliding-window layers of %d (each sequence's last %d positions): %d blocks = %d "
+                 "tokens (%.1f MiB)", len(windowed), args.num_layers, args.sliding_window, window, window * bs,
+                 window * bs * layer * len(windowed) / 2**20)
+    return blocks, window
 
 
 class KVCache:
-    def __init__(self, args, num_blocks, block_size, dtype, device):
+    def __init__(self, args, num_blocks, block_size, dtype, device, window_blocks=0):
+        """window_blocks: the sliding-window layers' own pool (0: every layer in the one pool)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch_block = num_blocks
         self.num_kv_heads, self.head_dim = args.num_kv_heads, args.head_dim
+        windowed = windowed_layers(args) if window_blocks else []
+        full = [i for i in range(args.num_layers) if i not in windowed]
         # [layers, K|V, Hkv, blocks + scratch, block_size, D]
-        self.data = torch.zeros(args.num_layers, 2, args.num_kv_heads, num_blocks + 1, block_size, args.head_dim,
+        self.data = torch.zeros(len(full), 2, args.num_kv_heads, num_blocks + 1, block_size, args.head_dim,
                                 dtype=dtype, device=device)
-        self.layers = [(self.data[i, 0], self.data[i, 1]) for i in range(args.num_layers)]
+        self.window_blocks = window_blocks
+        self.window_data = torch.zeros(len(windowed), 2, args.num_kv_heads, window_blocks + 1, block_size,
+                                       args.head_dim, dtype=dtype, device=device) if windowed else None
+        pools = {i: (self.data[j, 0], self.data[j, 1]) for j, i in enumerate(full)}
+        pools.update({i: (self.window_data[j, 0], self.window_data[j, 1]) for j, i in enumerate(windowed)})
+        self.layers = [pools[i] for i in range(args.num_layers)]
 
-    def copy_block(self, src, dst):
-        """Copy one block's K and V, every layer and head (a forked sequence's partial last block)."""
-        self.data[:, :, :, dst].copy_(self.data[:, :, :, src])
+    def copy_blocks(self, copies):
+        """Copy one block's K and V, every layer and head (a forked sequence's partial last block): `copies`,
+        (source, destination) in this pool and in the window pool (None: none there)."""
+        for data, copy in zip((self.data, self.window_data), copies):
+            if copy is not None:
+                src, dst = copy
+                data[:, :, :, dst].copy_(data[:, :, :, src])
 
     @property
     def scratch_slot(self):
         return self.scratch_block * self.block_size
+
+    @property
+    def window_scratch_slot(self):
+        return self.window_blocks * self.block_size

@@ -16,6 +16,7 @@ from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence, SequenceStatus
 from rosefast.engine.speculation import Speculator
+from rosefast.engine.window_blocks import WindowBlocks
 from rosefast.engine.stand_in import StandInRunner
 from rosefast.errors import EngineDeadError
 from rosefast.models.layers import long_rope_switch
@@ -65,8 +66,11 @@ class LLMEngine:
                                  else ModelRunner(self.config, self.model))
         self.args = self.runner.args
         self.max_model_len = self.runner.max_model_len
-        self.block_manager = BlockManager(self.runner.kv.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_cache)
+        kv = self.runner.kv
+        window = WindowBlocks(kv.window_blocks, self.config.block_size, self.args.sliding_window) \
+            if kv.window_blocks else None
+        self.block_manager = BlockManager(kv.num_blocks, self.config.block_size, self.config.enable_prefix_cache,
+                                          window=window)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.seqs = {}
         self._before_step = before_step
@@ -164,7 +168,10 @@ class LLMEngine:
     def stats(self):
         """Counters and gauges for monitoring (read from any thread: plain integer reads)."""
         bm, sched = self.block_manager, self.scheduler
-        return {"kv_blocks_used": bm.num_used_blocks, "kv_blocks_total": bm.num_blocks, "prefix_cache_hits": bm.hits,
+        window = bm.window
+        return {"kv_blocks_used": bm.num_used_blocks, "kv_blocks_total": bm.num_blocks,
+                "kv_window_blocks_used": window.num_used_blocks if window is not None else 0,
+                "kv_window_blocks_total": window.num_blocks if window is not None else 0, "prefix_cache_hits": bm.hits,
                 "prefix_cache_misses": bm.misses, "prefix_cache_evictions": bm.evictions,
                 "preemptions": sched.preemptions, "steps": self.steps, "running": len(sched.running),
                 "waiting": len(sched.waiting), "sequences": len(self.seqs), "forks": self.forks,
@@ -218,8 +225,11 @@ class LLMEngine:
 
     def _run_step(self, step):
         """Forward, sample, commit: the outputs of the sequences that sampled a token."""
+        if self.block_manager.window is not None:
+            for seq, n in zip(step.seqs, step.chunks):
+                self.block_manager.prepare(seq, seq.num_cached + n)
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table,
-                           seq.cache_salt is LONG_ROPE) for seq, n in zip(step.seqs, step.chunks)]
+                           seq.cache_salt is LONG_ROPE, seq.window_table) for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
             else range(len(step.seqs))   # every decoding sequence samples
         full = {i for i, s in enumerate(step.seqs) if s.wants_prompt_logprobs} if step.is_prefill else None
@@ -273,11 +283,15 @@ class LLMEngine:
         for i, seq in enumerate(seqs):
             first.append(len(inputs))
             long, base = seq.cache_salt is LONG_ROPE, seq.num_cached
-            inputs.append(SeqInput(seq.token_ids[-1:], base, seq.block_table, long))
             proposal = plan.get(i)
             if proposal:
                 bm.reserve(seq, seq.num_tokens + len(proposal))
-                inputs += [SeqInput([t], base + 1 + j, seq.block_table, long) for j, t in enumerate(proposal)]
+            else:
+                bm.prepare(seq, seq.num_tokens)
+            inputs.append(SeqInput(seq.token_ids[-1:], base, seq.block_table, long, seq.window_table))
+            if proposal:
+                inputs += [SeqInput([t], base + 1 + j, seq.block_table, long, seq.window_table)
+                           for j, t in enumerate(proposal)]
         masks = self._masks.start(seqs)
         logits = self.runner.forward(inputs, False)
         self.speculator.steps += 1
@@ -460,7 +474,7 @@ class LLMEngine:
                 self.scheduler.add(child)
                 continue
             if copy is not None:
-                self.runner.kv.copy_block(*copy)
+                self.runner.kv.copy_blocks(copy)
             self.scheduler.add_running(child)
             children.append(child)
             self._forked.append(rid)

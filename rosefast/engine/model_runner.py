@@ -28,6 +28,7 @@ class SeqInput:
     start: int            # tokens of this sequence already in the cache (the first new token's position)
     block_table: list     # block ids holding positions [0, start + len(token_ids))
     long_rope: bool = False   # a long-RoPE sequence past the switch: its RoPE takes the long factors (rope_index)
+    window_table: list = None # the sliding-window layers' blocks, when they have a pool of their own
 
 
 def served_context(max_model_len, args):
@@ -57,10 +58,12 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
         self.sampler = Sampler(self.args.vocab_size, self.device)
-        self.kv = KVCache(self.args, plan_blocks(config, self.args, self.dtype, self.device, self.profile),
-                          self.block_size, self.dtype, self.device)
+        blocks, window = plan_blocks(config, self.args, self.dtype, self.device, self.profile, self.max_blocks_per_seq)
+        self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window)
         self.graphs = None
-        if self.device.type == "cuda" and config.cuda_graph and loaded is None:
+        if self.device.type == "cuda" and config.cuda_graph and window:
+            log.info("CUDA graphs: off (the sliding-window layers' own pool is not in the captured inputs yet)")
+        elif self.device.type == "cuda" and config.cuda_graph and loaded is None:
             from rosefast.engine.cuda_graph import DecodeGraphs
 
             self.graphs = DecodeGraphs(self, config.max_batch_size)
@@ -93,37 +96,51 @@ class ModelRunner:
         step of max_batch_size rows at the full table width, gathering as a graph would (no workspace). On
         CUDA their peak memory is what the KV cache leaves room for."""
         config, saved = self.config, getattr(self, "kv", None)   # None while the first plan measures
-        self.kv = KVCache(self.args, 1, self.block_size, self.dtype, self.device)
-        scratch = self.kv.scratch_block
+        self.kv = KVCache(self.args, 1, self.block_size, self.dtype, self.device, 1 if saved is None or
+                          saved.window_data is not None else 0)
+        scratch = self.kv.scratch_block   # (the window pool's, with one block too, is the same number)
         try:
             with torch.inference_mode():
                 n = min(config.max_num_batched_tokens, self.max_model_len)
-                logits = self.forward([SeqInput([0] * n, 0, [scratch] * -(-n // self.block_size))], True,
-                                      all_logits=True)
+                table = [scratch] * -(-n // self.block_size)
+                logits = self.forward([SeqInput([0] * n, 0, table, window_table=table)], True, all_logits=True)
                 torch.log_softmax(logits.float(), dim=-1)
                 del logits
-                rows = [SeqInput([0], self.max_model_len - 1, [scratch] * self.max_blocks_per_seq)]
+                table = [scratch] * self.max_blocks_per_seq
+                rows = [SeqInput([0], self.max_model_len - 1, table, window_table=table)]
                 self.decode_forward(*self.decode_tensors(rows * config.max_batch_size, self.max_blocks_per_seq))
         finally:
             self.kv = saved
 
     # -- inputs: each step's integers go to the device in one copy (pinned on a GPU), then are viewed --------
 
-    def _slots(self, seq, positions):
-        bs, table = self.block_size, seq.block_table
+    def _slots(self, table, positions):
+        bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in positions]
 
-    def _tables(self, seqs, width):
+    @staticmethod
+    def _tables(tables, width, scratch):
         """The block tables as one flat list, each padded to `width` with the scratch block."""
-        scratch, flat = self.kv.scratch_block, []
-        for s in seqs:
-            flat += s.block_table
-            flat += [scratch] * (width - len(s.block_table))
+        flat = []
+        for table in tables:
+            flat += table
+            flat += [scratch] * (width - len(table))
         return flat
+
+    def _window(self, seqs):
+        """The sliding-window layers' tables when they have a pool (a block out of the window: the pool's
+        scratch block, rosefast.engine.window_blocks), else None."""
+        if self.kv.window_data is None:
+            return None
+        if any(s.window_table is None for s in seqs):
+            raise ValueError("this model's sliding-window layers have a KV pool of their own: give each "
+                             "SeqInput its window_table")
+        return [s.window_table for s in seqs]
 
     def prepare_prefill(self, seqs, all_logits=False):
         """(input ids [T], positions [T], metadata, the hidden rows to keep [R] or None for all)."""
-        ids, positions, slots, query_lens, context_lens, rows = [], [], [], [], [], []
+        ids, positions, slots, wslots, query_lens, context_lens, rows = [], [], [], [], [], [], []
+        windows = self._window(seqs)
         for i, s in enumerate(seqs):
             n = len(s.token_ids)
             pos = range(s.start, s.start + n)
@@ -131,43 +148,64 @@ class ModelRunner:
                 rows += range(len(ids), len(ids) + n) if all_logits and i in all_logits else (len(ids) + n - 1,)
             ids += s.token_ids
             positions += rope_index(self.args, pos, s.long_rope) if self.long_rope else pos
-            slots += self._slots(s, pos)
+            slots += self._slots(s.block_table, pos)
+            if windows:
+                wslots += self._slots(windows[i], pos)
             query_lens.append(n)
             context_lens.append(s.start + n)
         width = max(len(s.block_table) for s in seqs)
-        T, R = len(ids), len(rows)
-        flat = upload(ids + positions + slots + rows + self._tables(seqs, width), torch.long, self.device)
-        meta = AttentionMetadata(True, flat[2 * T:3 * T], flat[3 * T + R:].view(len(seqs), width), query_lens,
+        T, R, B = len(ids), len(rows), len(seqs)
+        values = ids + positions + slots + rows + self._tables([s.block_table for s in seqs], width,
+                                                               self.kv.scratch_block)
+        if windows:
+            values += wslots + self._tables(windows, width, self.kv.window_blocks)
+        flat = upload(values, torch.long, self.device)
+        end = 3 * T + R + B * width
+        meta = AttentionMetadata(True, flat[2 * T:3 * T], flat[3 * T + R:end].view(B, width), query_lens,
                                  context_lens)
+        if windows:
+            meta.window = AttentionMetadata(True, flat[end:end + T], flat[end + T:].view(B, width), query_lens,
+                                            context_lens)
         return flat[:T], flat[T:2 * T], meta, (flat[3 * T:3 * T + R] if R else None)
 
     def decode_values(self, seqs, width, size=None):
         """A decode step's integers as one flat list: input ids, positions, slots and context lengths, each
         padded to `size` rows (padding: token 0 at position 0 writing the scratch slot, context 1), then
-        the sequences' block tables at `width`."""
+        the sequences' block tables at `width` (then, with a window pool, its slots and tables: unpadded)."""
         pad = (size or len(seqs)) - len(seqs)
         positions = [s.start for s in seqs]
-        slots = [s.block_table[p // self.block_size] * self.block_size + p % self.block_size
-                 for s, p in zip(seqs, positions)]
+        bs = self.block_size
+        slots = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, positions)]
         rows = [rope_index(self.args, (p,), s.long_rope)[0] for s, p in zip(seqs, positions)] if self.long_rope \
             else positions
-        return ([s.token_ids[-1] for s in seqs] + [0] * pad + rows + [0] * pad +   # rows: the rope tables'
-
-                slots + [self.kv.scratch_slot] * pad + [p + 1 for p in positions] + [1] * pad +
-                self._tables(seqs, width))
+        values = ([s.token_ids[-1] for s in seqs] + [0] * pad + rows + [0] * pad +   # rows: the rope tables'
+                  slots + [self.kv.scratch_slot] * pad + [p + 1 for p in positions] + [1] * pad +
+                  self._tables([s.block_table for s in seqs], width, self.kv.scratch_block))
+        windows = self._window(seqs)
+        if windows:
+            values += [w[p // bs] * bs + p % bs for w, p in zip(windows, positions)]
+            values += self._tables(windows, width, self.kv.window_blocks)
+        return values
 
     def decode_tensors(self, seqs, width):
-        """(input ids, positions, slots, block tables [B, width], context lengths) on the device."""
+        """(input ids, positions, slots, block tables [B, width], context lengths, and the window pool's (slots,
+        tables) or None) on the device."""
         b = len(seqs)
         flat = upload(self.decode_values(seqs, width), torch.long, self.device)
-        return flat[:b], flat[b:2 * b], flat[2 * b:3 * b], flat[4 * b:].view(b, width), flat[3 * b:4 * b]
+        end = 4 * b + b * width
+        window = (flat[end:end + b], flat[end + b:].view(b, width)) if flat.numel() > end else None
+        return flat[:b], flat[b:2 * b], flat[2 * b:3 * b], flat[4 * b:end].view(b, width), flat[3 * b:4 * b], window
 
     # -- forward -----------------------------------------------------------------------------------
 
-    def decode_forward(self, input_ids, positions, slot_mapping, block_tables, context_lens, workspace=None):
+    def decode_forward(self, input_ids, positions, slot_mapping, block_tables, context_lens, window=None,
+                       workspace=None):
         """Hidden states [B, hidden] for one decode step; everything it does is capturable in a CUDA graph
-        (the graphs pass no workspace: their gather buffers come from the graph's own pool)."""
+        (the graphs pass no workspace: their gather buffers come from the graph's own pool). window: the window
+        pool's (slots, tables), when it has one."""
         meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens=context_lens, workspace=workspace)
+        if window is not None:
+            meta.window = AttentionMetadata(False, *window, context_lens=context_lens, workspace=workspace)
         return self.model(input_ids, positions, meta, self.kv.layers)
 
     @torch.inference_mode()

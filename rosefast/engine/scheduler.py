@@ -81,8 +81,8 @@ class Scheduler:
             hit = bm.lookup(seq)
             if not bm.can_allocate(seq, hit):
                 break
+            bm.allocate(seq, hit)   # (then out of the queue: a failure here leaves it there, to be aborted)
             self.waiting.popleft()
-            bm.allocate(seq, hit)
             if seq.scheduled_at is None:
                 seq.scheduled_at = time.perf_counter()
             seq.status = SequenceStatus.RUNNING

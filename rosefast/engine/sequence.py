@@ -10,9 +10,9 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
-                 "num_cached", "num_hashed_blocks", "finish_reason", "stop_ids", "scheduled_at", "seed",
-                 "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens", "cache_salt",
-                 "speculation")
+                 "window_table", "num_cached", "num_hashed_blocks", "last_hash", "finish_reason", "stop_ids",
+                 "scheduled_at", "seed", "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens",
+                 "cache_salt", "speculation")
 
     def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0, fork_ids=()):
         self.request_id = request_id
@@ -21,8 +21,10 @@ class Sequence:
         self.params = params
         self.status = SequenceStatus.WAITING
         self.block_table = []
+        self.window_table = []       # the sliding-window layers' blocks, when they have a pool (window_blocks)
         self.num_cached = 0          # tokens whose K/V are in the cache (prefix hits included)
         self.num_hashed_blocks = 0   # leading full blocks registered in the prefix cache
+        self.last_hash = None        # the chain hash of the last of them (the next block's chain goes on from it)
         self.finish_reason = None
         self.scheduled_at = None     # perf_counter() when it was first scheduled (prefill start)
         self.cached_prompt_tokens = None   # its prompt tokens the prefix cache served, at its first allocation

@@ -8,6 +8,7 @@ next token from STAND_IN_TEXT, output token i being `stand_in_tokens[i % len]`. 
 one token it can give has probability 1).
 """
 import time
+from dataclasses import replace
 
 import torch
 
@@ -56,10 +57,12 @@ class _StandInKV:
     """Block counts as the real model's cache would have them (from `kv_cache_tokens` or the memory
     fraction, at bf16); no memory behind them."""
 
+    window_blocks = 0   # every layer's blocks in the one pool (the stand-in computes nothing to window)
+
     def __init__(self, num_blocks):
         self.num_blocks = num_blocks
 
-    def copy_block(self, src, dst):
+    def copy_blocks(self, copies):
         pass
 
 
@@ -94,7 +97,8 @@ class StandInRunner:
         self.args = load_model_args(model.path)
         self.max_model_len = min(config.max_model_len or self.args.max_position_embeddings,
                                  self.args.max_position_embeddings)
-        self.kv = _StandInKV(plan_blocks(config, self.args, torch.bfloat16, torch.device("cpu")))
+        self.kv = _StandInKV(plan_blocks(config, replace(self.args, sliding_window=0), torch.bfloat16,
+                                          torch.device("cpu"))[0])
         self.sampler = StandInSampler(stand_in_tokens(load_tokenizer(model)))
         self.step_seconds = config.stand_in_step_ms / 1000.0
 

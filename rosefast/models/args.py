@@ -43,6 +43,12 @@ class ModelArgs:
     def kv_size(self):
         return self.num_kv_heads * self.head_dim
 
+    def layer_window(self, i):
+        """Layer i's sliding window (0: none): every layer's (Mistral), or the local layers' (Gemma 3)."""
+        if not self.sliding_window or (self.gemma and i not in self.local_layers):
+            return 0
+        return self.sliding_window
+
 
 def _eos(config):
     eos = config.get("eos_token_id")

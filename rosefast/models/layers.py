@@ -27,6 +27,7 @@ class AttentionMetadata:
     workspace: object = None            # decode, torch twin: its GatherWorkspace (None: fresh buffers)
     plan: object = None                 # a kernel flavour's own per-step tensors (built by the first layer)
     window_masks: dict = None           # decode, torch twin: a sliding window's mask by its width (built once a step)
+    window: object = None               # the sliding-window layers' own (their pool's slots and tables), if they have one
 
 
 def rope_inv_freq(args, long=False):

@@ -52,13 +52,6 @@ class LlamaLayer(nn.Module):
         return x, self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
 
 
-def layer_window(args, i):
-    """Layer i's sliding window (0: none): every layer's (Mistral), or the local layers' (Gemma 3)."""
-    if not args.sliding_window or (args.gemma and i not in args.local_layers):
-        return 0
-    return args.sliding_window
-
-
 def _norm_heads(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, ops):
     """In place on qkv [T, (H+2Hkv)*D]: each q and k head RMS-normalized over D by the kernels' RMSNorm (the
     compiled one computes in fp32 and rounds once; the one-call decode plan runs the same rows in place)."""
@@ -72,7 +65,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.args = args
         self.embed = embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(args, layer_window(args, i)) for i in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(args, args.layer_window(i)) for i in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         # [P, D] tables for every position the model knows; not weights (no state-dict entry). Computed on
@@ -111,15 +104,17 @@ class LlamaModel(nn.Module):
             local = (self.local_cos[positions], self.local_sin[positions])
             ropes = [local if i in self.args.local_layers else (cos, sin) for i in range(len(self.layers))]
         residual = None
+        metas = (meta, meta if meta.window is None else meta.window)   # a layer's: [its window's pool or not]
         if self.decode_plans is not None and not meta.is_prefill:
-            step = decode_layer.impl.StepInputs(cos, sin, meta)
+            steps = [decode_layer.impl.StepInputs(cos, sin, meta)]
+            steps.append(steps[0] if meta.window is None else decode_layer.impl.StepInputs(cos, sin, meta.window))
             for plan, (k_cache, v_cache) in zip(self.decode_plans, kv_caches):
-                x, residual = plan(x, residual, step, k_cache, v_cache)
+                x, residual = plan(x, residual, steps[plan.layer.window > 0], k_cache, v_cache)
             return x.add_(residual)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if self.args.local_layers:
                 cos, sin = ropes[i]
-            x, residual = layer.forward(x, residual, cos, sin, meta, k_cache, v_cache, ops)
+            x, residual = layer.forward(x, residual, cos, sin, metas[layer.window > 0], k_cache, v_cache, ops)
         return x.add_(residual)
 
     def logits(self, hidden):
