@@ -76,7 +76,9 @@ def floor_step(model, batch, dtype, linears=None):
 def ours_step(runner, batch, ctx):
     bs = runner.block_size
     nblocks = -(-(ctx + 1) // bs)
-    seqs = [SeqInput([1], ctx, list(range(i * nblocks, (i + 1) * nblocks))) for i in range(batch)]
+    windowed = runner.kv.window_data is not None   # the sliding-window layers' own pool: its tables too
+    seqs = [SeqInput([1], ctx, table, window_table=table if windowed else None)
+            for table in (list(range(i * nblocks, (i + 1) * nblocks)) for i in range(batch))]
     return lambda: runner.forward(seqs, False)
 
 

@@ -24,6 +24,10 @@ SHAPES = {   # (family, the Hugging Face config's own numbers: the vocabulary as
     "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1000000.0,
                                  tie_word_embeddings=True, max_position_embeddings=4096, initializer_range=0.02)),
+    "gemma3-1b": ("gemma3_text", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,   # 22 local
+                                      num_attention_heads=4, num_key_value_heads=1, head_dim=256,   # layers on a
+                                      sliding_window=512, query_pre_attn_scalar=256,   # window
+                                      max_position_embeddings=4096, initializer_range=0.02, layer_types=None)),
 }
 
 

@@ -1,6 +1,7 @@
 /* CPU kernels for one transformer layer's small ops, fp32 and bf16: RMSNorm (with the residual add
  * fused), RoPE + the K/V store into the paged pools, attention over the paged pools read in place, and
- * SiLU(gate) * up. Plain C, no Python API: the caller releases the GIL around each call.
+ * SiLU(gate) * up or tanh-GELU(gate) * up. Plain C, no Python API: the caller releases the GIL around each
+ * call.
  *
  * Every kernel computes in fp32 and rounds once when it stores (bf16: round to nearest even).
  * Pools are head-major: pool[h][slot][d], slot = block * block_size + offset, `pool_slots` slots per head.
@@ -207,18 +208,28 @@ static int rf_decode_attention_##S(const T *qkv, int64_t B, int nh, int nkv, int
     return failed ? -1 : 0;                                                                              \
 }                                                                                                        \
                                                                                                          \
-/* one row: gate_up [2 * n] (gate | up) -> out [n] = silu(gate) * up */                                  \
-RF_SIMD_CLONES static void rf_silu_mul_row_##S(const T *g, T *o, int64_t n) {                            \
+/* one row: gate_up [2 * n] (gate | up) -> out [n] = act(gate) * up, act(x) = x * sigmoid(z): SiLU's z = x;  \
+ * tanh-GELU's z = 2 sqrt(2 / pi) (x + 0.044715 x^3) (0.5 x (1 + tanh(z / 2)), the same function) */      \
+RF_SIMD_CLONES static void rf_act_mul_row_##S(const T *g, T *o, int64_t n, int gelu) {                   \
     const T *u = g + n;                                                                                  \
     for (int64_t i = 0; i < n; i++) {                                                                    \
         float x = RF_LD_##S(g, i);                                                                       \
-        RF_ST_##S(o, i, x / (1.0f + rf_exp(-x)) * RF_LD_##S(u, i));                                      \
+        float z = gelu ? 1.5957691216057308f * (x + 0.044715f * x * x * x) : x;                          \
+        RF_ST_##S(o, i, x / (1.0f + rf_exp(-z)) * RF_LD_##S(u, i));                                      \
     }                                                                                                    \
 }                                                                                                        \
                                                                                                          \
-static void rf_silu_mul_##S(const T *gate_up, T *out, int64_t rows, int64_t n) {                         \
+static void rf_act_mul_##S(const T *gate_up, T *out, int64_t rows, int64_t n, int gelu) {                \
     _Pragma("omp parallel for if (rows * n >= RF_PARALLEL_MIN)")                                         \
-    for (int64_t r = 0; r < rows; r++) rf_silu_mul_row_##S(gate_up + r * 2 * n, out + r * n, n);         \
+    for (int64_t r = 0; r < rows; r++) rf_act_mul_row_##S(gate_up + r * 2 * n, out + r * n, n, gelu);    \
+}                                                                                                        \
+                                                                                                         \
+static void rf_silu_mul_##S(const T *gate_up, T *out, int64_t rows, int64_t n) {                         \
+    rf_act_mul_##S(gate_up, out, rows, n, 0);                                                            \
+}                                                                                                        \
+                                                                                                         \
+static void rf_gelu_tanh_mul_##S(const T *gate_up, T *out, int64_t rows, int64_t n) {                    \
+    rf_act_mul_##S(gate_up, out, rows, n, 1);                                                            \
 }
 
 #include "attention_avx512.h"

@@ -21,3 +21,5 @@ cdef extern from "decode_kernels.h" nogil:
                                  int64_t window, float scale, uint16_t *out)
     void rf_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)
     void rf_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t n)
+    void rf_gelu_tanh_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)
+    void rf_gelu_tanh_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t n)

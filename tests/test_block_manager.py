@@ -15,15 +15,16 @@ SHARED = list(range(500, 532))   # a common 32-token prefix, so the prefix cache
 @pytest.fixture(scope="module", params=["llama", "mistral-window-8"])
 def engine(request, tiny_llama):
     """A small pool: preemption, eviction and prefix reuse all happen. Mistral on a window of 8 positions: its
-    layers' own pool (23 blocks, beside 24 that count what is admitted) is given back as sequences move on."""
+    layers' own pool is given back as sequences move on (tests/test_window_blocks.py: a pool smaller than the
+    other)."""
     if request.param == "llama":
         return LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=96, block_size=4, max_batch_size=6,
                          prefill_max_batch_size=3, max_num_batched_tokens=24)
     from rosefast.models import tiny_random
 
     engine = LLMEngine(model=tiny_random("mistral", sliding_window=8), dtype="float32", kv_cache_tokens=96,
-                       block_size=4, max_batch_size=2, prefill_max_batch_size=3, max_num_batched_tokens=24)
-    assert engine.block_manager.window.num_blocks == 23
+                       block_size=4, max_batch_size=6, prefill_max_batch_size=3, max_num_batched_tokens=24)
+    assert engine.block_manager.window.num_blocks == 24   # (its need, 51, is more than the other pool's 24)
     return engine
 
 

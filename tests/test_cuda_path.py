@@ -230,25 +230,41 @@ class EagerCapture:
         return (lambda: out.copy_(fn())), out
 
 
-def test_decode_graph_bookkeeping_matches_eager_steps(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "mistral-window-8"])
+def test_decode_graph_bookkeeping_matches_eager_steps(tiny_llama, monkeypatch, family):
     """Two runners on the same weights and block tables, one replaying graphs, one eager; freed blocks go to a
-    new sequence, so a padded row left writing an old slot would corrupt it."""
+    new sequence, so a padded row left writing an old slot would corrupt it. Mistral on a window of 8: its
+    layers' own pool's slots and tables are static inputs too (here every block of it kept)."""
     from rosefast.engine.cuda_graph import DecodeGraphs
+    from rosefast.models import tiny_random
     from tests.paged import BlockPool
 
     monkeypatch.setattr(kernels, "impl", kernels.reference)   # the twin, which needs a ladder of widths
-    config = EngineConfig(model=tiny_llama, dtype="float32", device="cpu", kv_cache_tokens=4096, max_model_len=512,
+    model = tiny_llama if family == "llama" else tiny_random("mistral", sliding_window=8)
+    config = EngineConfig(model=model, dtype="float32", device="cpu", kv_cache_tokens=4096, max_model_len=512,
                           block_size=16, max_batch_size=8)
     eager, replayed = ModelRunner(config), ModelRunner(config)
     graphs = replayed.graphs = DecodeGraphs(replayed, 8, capture=EagerCapture())
     assert graphs.widths == [8, 16, 32] and set(graphs.graphs) == {(s, 8) for s in ladder(8)}
-    pool, bs = BlockPool(eager.kv.num_blocks, shuffle_seed=3), eager.block_size
+    assert graphs.windowed == (family != "llama")
+    bs = eager.block_size
+    pools = [BlockPool(eager.kv.num_blocks, shuffle_seed=3)]
+    if graphs.windowed:
+        pools.append(BlockPool(eager.kv.window_blocks, shuffle_seed=4))
+
+    def inputs(tokens, starts, tables):
+        return [SeqInput(t, start, tb[0], window_table=tb[1] if graphs.windowed else None)
+                for t, start, tb in zip(tokens, starts, tables)]
+
+    def grow(tables, lengths):
+        for tb, n in zip(tables, lengths):
+            for pool, table in zip(pools, tb):
+                pool.grow(table, n, bs)
 
     def prefill(prompts):
-        tables = [[] for _ in prompts]
-        for t, p in zip(tables, prompts):
-            pool.grow(t, len(p), bs)
-        seqs = [SeqInput(p, 0, t) for p, t in zip(prompts, tables)]
+        tables = [([], []) for _ in prompts]
+        grow(tables, map(len, prompts))
+        seqs = inputs(prompts, [0] * len(prompts), tables)
         logits = eager.forward(seqs, True)
         replayed.forward(seqs, True)
         return [p + [int(row.argmax())] for p, row in zip(prompts, logits)], tables
@@ -257,12 +273,12 @@ def test_decode_graph_bookkeeping_matches_eager_steps(tiny_llama, monkeypatch):
     for step in range(10):
         if step == 3:   # two sequences end, the last row's blocks go to a new one: 3 rows in the size-4 graph,
             for tb in (tables[1], tables[3]):     # whose 4th row last held the ended sequence's slot
-                pool.free[:0] = tb
+                for pool, table in zip(pools, tb):
+                    pool.free[:0] = table
             more, more_tables = prefill([list(range(7, 47))])
             tokens, tables = [tokens[0], tokens[2]] + more, [tables[0], tables[2]] + more_tables
-        for t, tb in zip(tokens, tables):
-            pool.grow(tb, len(t), bs)
-        seqs = [SeqInput([t[-1]], len(t) - 1, tb) for t, tb in zip(tokens, tables)]
+        grow(tables, map(len, tokens))
+        seqs = inputs([[t[-1]] for t in tokens], [len(t) - 1 for t in tokens], tables)
         want = eager.forward(seqs, False)
         got = replayed.forward(seqs, False)
         assert (got - want).abs().max().item() < 1e-5, step

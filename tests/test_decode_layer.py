@@ -29,12 +29,14 @@ def _decode_logits(runner):
 @needs
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("variant", ["llama", "qkv-bias", "mistral-window", "qwen3-qk-norm"])
+@pytest.mark.parametrize("variant", ["llama", "qkv-bias", "mistral-window", "qwen3-qk-norm", "gemma3"])
 def test_one_call_per_layer_gives_the_per_op_paths_bits(dtype, variant, tier):
     model = {"llama": lambda: tiny_random("llama"), "qkv-bias": lambda: tiny_random("llama", attention_bias=True),
              "mistral-window": lambda: tiny_random("mistral", sliding_window=8),   # a window the 21-token
-             # prompt and its decode steps cross
-             "qwen3-qk-norm": lambda: tiny_random("qwen3")}[variant]()   # per-head q/k norms, head_dim 32 of 64
+             # prompt and its decode steps cross (the layers' own window pool)
+             "qwen3-qk-norm": lambda: tiny_random("qwen3"),   # per-head q/k norms, head_dim 32 of 64
+             # four norms a layer, tanh-GELU, a local layer on a window of 8 with its own RoPE beside a global one
+             "gemma3": lambda: tiny_random("gemma3_text", sliding_window=8)}[variant]()
     runner = _engine(model, dtype, kernels=tier).runner
     plans = runner.model.decode_plans
     assert plans is not None and all(type(p) is decode_layer.impl.LayerPlan for p in plans)
@@ -61,17 +63,16 @@ def test_only_block_kernel_layers_get_a_plan_and_bad_inputs_are_named(tiny_llama
 
 
 @needs
-def test_a_layer_with_parts_the_plan_does_not_implement_is_refused_by_name(default_model):
-    """Gemma 3's norms around the attention's and the MLP's outputs (and its GELU MLP) are not in the one-call
-    plan: its layers are refused, naming those parts, and decode runs per op (with them) on the same block
-    kernels; never a plan that would skip them."""
-    gemma = tiny_random("gemma3_text")
-    runner = _engine(gemma, "float32", kernels=TIERS[-1]).runner
-    layer = runner.model.layers[0]
-    assert decode_layer.impl.fits(layer)   # its linears alone would fit
-    assert runner.model.decode_plans is None
-    assert runner.model.plan_decode_layers() == \
-        "the one-call plan does not implement this layer's post_attn_norm, post_mlp_norm"
-    for family in ("llama", "qwen3"):
+def test_a_layer_with_parts_the_plan_does_not_implement_is_refused_by_name(tiny_llama):
+    """A layer part the one-call plan does not know (here a norm added to a Llama layer) refuses the plan, naming
+    it, and decode runs per op (with it) on the same block kernels; never a plan that would skip it. Every family's
+    own parts are planned (Gemma 3's four norms among them)."""
+    model = _engine(tiny_llama, "float32", kernels=TIERS[-1]).runner.model
+    assert model.decode_plans is not None
+    model.layers[0].register_parameter("extra_norm", torch.nn.Parameter(torch.ones(model.args.hidden_size)))
+    assert decode_layer.impl.fits(model.layers[0])   # its linears alone would fit
+    assert model.plan_decode_layers() == "the one-call plan does not implement this layer's extra_norm"
+    assert model.decode_plans is None
+    for family in ("llama", "qwen3", "gemma3_text"):
         layer = _engine(tiny_random(family), "float32", kernels=TIERS[-1]).runner.model.layers[0]
         assert decode_layer.unplanned(layer) == []

@@ -62,10 +62,11 @@ def test_rms_norm_with_and_without_residual(compiled, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul(compiled, dtype):
+@pytest.mark.parametrize("act", ["silu_mul", "gelu_tanh_mul"])
+def test_gated_activations(compiled, dtype, act):
     gate_up = (torch.randn(7, 2 * 96, generator=gen(3)) * 4).to(dtype)
-    gate_up[0, :4] = torch.tensor([-100.0, -20.0, 0.0, 30.0])   # far tails of the exp
-    assert close(compiled.silu_mul(gate_up), twin.silu_mul(gate_up), dtype)
+    gate_up[0, :6] = torch.tensor([-100.0, -20.0, -3.0, 0.0, 5.0, 30.0])   # far tails of the exp (GELU: of x^3)
+    assert close(getattr(compiled, act)(gate_up), getattr(twin, act)(gate_up), dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -2,7 +2,7 @@
 
 A decode step of B sequences whose longest table holds n blocks replays the graph of the smallest captured
 batch size >= B and the smallest width >= n, its inputs copied into static buffers from one pinned host
-buffer; padded rows write into the KV cache's scratch block and are ignored. With a decode kernel that
+buffer; padded rows write into the KV cache's scratch block (and the window pool's) and are ignored. With a decode kernel that
 follows each row's context length (the Triton kernel) one width serves every step; the torch twin gathers
 the whole width, so its graphs come in a ladder of widths and a step attends over at most twice its
 longest context, not over `max_model_len`. Every batch size is captured at start-up at the first width;
@@ -69,8 +69,11 @@ class DecodeGraphs:
         ops = kernels.for_device(runner.device, runner.dtype)
         self.widths = width_ladder(runner.max_blocks_per_seq, ops.FOLLOWS_CONTEXT)
         n, dev = self.sizes[-1], runner.device
-        self.vectors = torch.zeros(4, n, dtype=torch.long, device=dev)   # input ids, positions, slots, context lens
+        self.windowed = runner.kv.window_data is not None   # the sliding-window layers' pool: its slots and tables
+        # input ids, positions, slots, context lens (and the window pool's slots)
+        self.vectors = torch.zeros(5 if self.windowed else 4, n, dtype=torch.long, device=dev)
         self.block_tables = torch.zeros(n, self.widths[-1], dtype=torch.long, device=dev)
+        self.window_tables = torch.zeros_like(self.block_tables) if self.windowed else None
         self.graphs, self.outputs = {}, {}
         self.pool = self.capture.pool()
         t = time.perf_counter()
@@ -82,7 +85,8 @@ class DecodeGraphs:
 
     def _inputs(self, size, width):
         v = self.vectors[:, :size]
-        return v[0], v[1], v[2], self.block_tables[:size, :width], v[3]
+        window = (v[4], self.window_tables[:size, :width]) if self.windowed else None
+        return v[0], v[1], v[2], self.block_tables[:size, :width], v[3], window
 
     def _capture(self, size, width):
         """Capture one graph, its static inputs set to padding first (the warm-up run really writes the KV
@@ -92,6 +96,9 @@ class DecodeGraphs:
         self.vectors[2].fill_(runner.kv.scratch_slot)
         self.vectors[3].fill_(1)
         self.block_tables.fill_(runner.kv.scratch_block)
+        if self.windowed:
+            self.vectors[4].fill_(runner.kv.window_scratch_slot)
+            self.window_tables.fill_(runner.kv.window_blocks)
         args = self._inputs(size, width)
         with torch.inference_mode():
             runner.decode_forward(*args)     # warm up (allocator, kernels, Triton's compile) outside the capture
@@ -121,7 +128,11 @@ class DecodeGraphs:
         runner = self.runner
         host = host_values(runner.decode_values(seqs, need, size), torch.long, runner.device)
         # the columns past `need` keep older block ids: valid ones, and past every row's context
-        copy_in(self.vectors[:, :size], host[:4 * size].view(4, size))
-        copy_in(self.block_tables[:b, :need], host[4 * size:].view(b, need))
+        copy_in(self.vectors[:4, :size], host[:4 * size].view(4, size))
+        end = 4 * size + b * need
+        copy_in(self.block_tables[:b, :need], host[4 * size:end].view(b, need))
+        if self.windowed:   # then the window pool's slots (padded) and tables
+            copy_in(self.vectors[4, :size], host[end:end + size])
+            copy_in(self.window_tables[:b, :need], host[end + size:].view(b, need))
         replay()
         return self.outputs[size, width][:b]

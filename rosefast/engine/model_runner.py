@@ -61,9 +61,7 @@ class ModelRunner:
         blocks, window = plan_blocks(config, self.args, self.dtype, self.device, self.profile, self.max_blocks_per_seq)
         self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window)
         self.graphs = None
-        if self.device.type == "cuda" and config.cuda_graph and window:
-            log.info("CUDA graphs: off (the sliding-window layers' own pool is not in the captured inputs yet)")
-        elif self.device.type == "cuda" and config.cuda_graph and loaded is None:
+        if self.device.type == "cuda" and config.cuda_graph and loaded is None:
             from rosefast.engine.cuda_graph import DecodeGraphs
 
             self.graphs = DecodeGraphs(self, config.max_batch_size)
@@ -171,7 +169,7 @@ class ModelRunner:
     def decode_values(self, seqs, width, size=None):
         """A decode step's integers as one flat list: input ids, positions, slots and context lengths, each
         padded to `size` rows (padding: token 0 at position 0 writing the scratch slot, context 1), then
-        the sequences' block tables at `width` (then, with a window pool, its slots and tables: unpadded)."""
+        the sequences' block tables at `width` (then, with a window pool, its slots padded and its tables)."""
         pad = (size or len(seqs)) - len(seqs)
         positions = [s.start for s in seqs]
         bs = self.block_size
@@ -184,6 +182,7 @@ class ModelRunner:
         windows = self._window(seqs)
         if windows:
             values += [w[p // bs] * bs + p % bs for w, p in zip(windows, positions)]
+            values += [self.kv.window_scratch_slot] * pad
             values += self._tables(windows, width, self.kv.window_blocks)
         return values
 

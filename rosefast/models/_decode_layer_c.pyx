@@ -1,7 +1,7 @@
 # cython: language_level=3
 """One Llama layer's decode step as one call: RMSNorm, the q|k|v linear, the per-head q/k RMSNorms where the
-family has them (Qwen3), RoPE and the K/V store, paged attention, the o linear, RMSNorm, gate|up, SiLU-mul and
-down, each the C kernel the per-op path runs (csrc/decode_kernels.h, csrc/quant_kernels.h) in the same order,
+family has them (Qwen3, Gemma 3), RoPE and the K/V store, paged attention, the o linear (then Gemma's norm of
+it), RMSNorm, gate|up, SiLU-mul (Gemma: tanh-GELU) and down (then Gemma's norm of it), each the C kernel the per-op path runs (csrc/decode_kernels.h, csrc/quant_kernels.h) in the same order,
 so the results are the same bits; twin: _decode_layer_py (the layer's own forward). For layers whose four
 linears run on the block kernels (rosefast.models.quant), fp32 or bf16, on the CPU.
 
@@ -18,8 +18,9 @@ import torch
 
 from rosefast.models.quant_tiles import FORMATS
 
-from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_rms_norm_bf16, rf_rms_norm_f32,
-                             rf_silu_mul_bf16, rf_silu_mul_f32, rf_store_kv_bf16, rf_store_kv_f32)
+from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_gelu_tanh_mul_bf16,
+                             rf_gelu_tanh_mul_f32, rf_rms_norm_bf16, rf_rms_norm_f32, rf_silu_mul_bf16,
+                             rf_silu_mul_f32, rf_store_kv_bf16, rf_store_kv_f32)
 from quant_kernels cimport rf_qweights, rf_quant_linear
 
 cdef object F32 = torch.float32
@@ -63,7 +64,8 @@ cdef class LayerPlan:
     """A layer's weights as pointers, made once its weights are final (the plan holds the tensors it points
     into, so a layer whose weights are replaced later keeps a stale plan, never a dangling one)."""
     cdef Linear lin[4]
-    cdef uintptr_t input_norm, post_norm, q_norm, k_norm
+    cdef uintptr_t input_norm, post_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm
+    cdef bint gelu
     cdef readonly object layer
     cdef object tensors
     cdef int nh, nkv, D
@@ -92,6 +94,12 @@ cdef class LayerPlan:
             self.tensors += [layer.q_norm.data, layer.k_norm.data]
             self.q_norm = _ptr(layer.q_norm.data, self.dtype, "q_norm")
             self.k_norm = _ptr(layer.k_norm.data, self.dtype, "k_norm")
+        self.post_attn_norm = self.post_mlp_norm = 0
+        self.gelu = a.gemma
+        if a.gemma:   # the attention's and the MLP's outputs normed too; a tanh-GELU gate
+            self.tensors += [layer.post_attn_norm.data, layer.post_mlp_norm.data]
+            self.post_attn_norm = _ptr(layer.post_attn_norm.data, self.dtype, "post_attn_norm")
+            self.post_mlp_norm = _ptr(layer.post_mlp_norm.data, self.dtype, "post_mlp_norm")
         cdef int tier = _tier(layer).index
         shapes = ((self.qkv_n, self.hidden), (self.hidden, self.nh * self.D), (2 * self.inter, self.hidden),
                   (self.hidden, self.inter))
@@ -179,7 +187,8 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
     cdef Linear *lin = plan.lin
     cdef float eps = plan.eps, scale = plan.scale
     cdef int64_t window = plan.window, b
-    cdef uintptr_t qn = plan.q_norm, kn = plan.k_norm
+    cdef uintptr_t qn = plan.q_norm, kn = plan.k_norm, an = plan.post_attn_norm, mn = plan.post_mlp_norm
+    cdef bint gelu = plan.gelu
     cdef uint16_t *row
     cdef float *frow
     cdef int rc = 0
@@ -199,11 +208,18 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
                                            <const uint16_t *>pv, pool_slots, <int>block_size, <const int64_t *>pt,
                                            width, <const int64_t *>pl, window, scale, <uint16_t *>pa)
             rc |= _linear(&lin[1], <void *>pa, 1, B, <void *>pob)
+            if an:
+                rf_rms_norm_bf16(<uint16_t *>pob, NULL, <const uint16_t *>an, <uint16_t *>pob, B, H, eps)
             rf_rms_norm_bf16(<uint16_t *>px, <const uint16_t *>pob, <const uint16_t *>plan.post_norm, <uint16_t *>ph,
                              B, H, eps)
             rc |= _linear(&lin[2], <void *>ph, 1, B, <void *>pgu)
-            rf_silu_mul_bf16(<const uint16_t *>pgu, <uint16_t *>pact, B, I)
+            if gelu:
+                rf_gelu_tanh_mul_bf16(<const uint16_t *>pgu, <uint16_t *>pact, B, I)
+            else:
+                rf_silu_mul_bf16(<const uint16_t *>pgu, <uint16_t *>pact, B, I)
             rc |= _linear(&lin[3], <void *>pact, 1, B, <void *>po)
+            if mn:
+                rf_rms_norm_bf16(<uint16_t *>po, NULL, <const uint16_t *>mn, <uint16_t *>po, B, H, eps)
         else:
             rf_rms_norm_f32(<float *>px, <const float *>py, <const float *>plan.input_norm, <float *>ph, B, H, eps)
             rc |= _linear(&lin[0], <void *>ph, 0, B, <void *>pqkv)
@@ -218,10 +234,17 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
                                           pool_slots, <int>block_size, <const int64_t *>pt, width,
                                           <const int64_t *>pl, window, scale, <float *>pa)
             rc |= _linear(&lin[1], <void *>pa, 0, B, <void *>pob)
+            if an:
+                rf_rms_norm_f32(<float *>pob, NULL, <const float *>an, <float *>pob, B, H, eps)
             rf_rms_norm_f32(<float *>px, <const float *>pob, <const float *>plan.post_norm, <float *>ph, B, H, eps)
             rc |= _linear(&lin[2], <void *>ph, 0, B, <void *>pgu)
-            rf_silu_mul_f32(<const float *>pgu, <float *>pact, B, I)
+            if gelu:
+                rf_gelu_tanh_mul_f32(<const float *>pgu, <float *>pact, B, I)
+            else:
+                rf_silu_mul_f32(<const float *>pgu, <float *>pact, B, I)
             rc |= _linear(&lin[3], <void *>pact, 0, B, <void *>po)
+            if mn:
+                rf_rms_norm_f32(<float *>po, NULL, <const float *>mn, <float *>po, B, H, eps)
     if rc != 0:
         raise MemoryError("decode_layer: no memory for the attention's or the linears' work buffers")
     return x, out

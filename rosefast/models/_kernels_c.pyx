@@ -11,7 +11,8 @@ import torch
 from rosefast.models._kernels_py import decode_shapes
 
 from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_rms_norm_bf16, rf_rms_norm_f32,
-                             rf_silu_mul_bf16, rf_silu_mul_f32, rf_store_kv_bf16, rf_store_kv_f32)
+                             rf_gelu_tanh_mul_bf16, rf_gelu_tanh_mul_f32, rf_silu_mul_bf16, rf_silu_mul_f32,
+                             rf_store_kv_bf16, rf_store_kv_f32)
 
 FOLLOWS_CONTEXT = True     # decode reads each row's blocks in place, up to its context length
 
@@ -117,6 +118,15 @@ def decode_attention(qkv, int num_heads, int num_kv_heads, k_cache, v_cache, met
 
 def silu_mul(gate_up):
     """gate_up [T, 2 * I] (gate | up) -> silu(gate) * up, [T, I]."""
+    return _act_mul(gate_up, False)
+
+
+def gelu_tanh_mul(gate_up):
+    """gate_up [T, 2 * I] (gate | up) -> tanh-GELU(gate) * up, [T, I] (Gemma's MLP)."""
+    return _act_mul(gate_up, True)
+
+
+cdef _act_mul(gate_up, bint gelu):
     cdef bint bf16 = _is_bf16(gate_up)
     dt = gate_up.dtype
     cdef int64_t n = gate_up.shape[-1] // 2
@@ -124,8 +134,12 @@ def silu_mul(gate_up):
     out = torch.empty((*gate_up.shape[:-1], n), dtype=dt)
     cdef uintptr_t pg = _ptr(gate_up, dt, "gate_up"), po = _ptr(out, dt, "out")
     with nogil:
-        if bf16:
+        if bf16 and gelu:
+            rf_gelu_tanh_mul_bf16(<uint16_t *>pg, <uint16_t *>po, rows, n)
+        elif bf16:
             rf_silu_mul_bf16(<uint16_t *>pg, <uint16_t *>po, rows, n)
+        elif gelu:
+            rf_gelu_tanh_mul_f32(<float *>pg, <float *>po, rows, n)
         else:
             rf_silu_mul_f32(<float *>pg, <float *>po, rows, n)
     return out

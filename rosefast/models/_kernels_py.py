@@ -3,7 +3,7 @@
     h = rms_norm(x, weight, eps, residual)          # x += residual (in place) first, when given
     store_kv(qkv, H, Hkv, slots, k_cache, v_cache, cos, sin)   # RoPE q, k in place; k, v into the pools
     out = decode_attention(qkv, H, Hkv, k_cache, v_cache, meta, scale[, window])   # window: the last W positions
-    act = silu_mul(gate_up)
+    act = silu_mul(gate_up)                         # or gelu_tanh_mul (Gemma)
 
 Pools are one layer's [Hkv, blocks, block_size, D] (head-major, see rosefast.engine.kv_cache). The decode
 gather goes into `meta.workspace` (a GatherWorkspace the runner keeps and passes with each step's
@@ -132,3 +132,8 @@ def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale
 def silu_mul(gate_up):
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_mul(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up

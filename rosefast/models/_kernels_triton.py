@@ -18,7 +18,13 @@ import triton.language as tl
 
 from rosefast.device import upload
 
-from rosefast.models._kernels_py import decode_shapes, rms_norm, silu_mul, store_kv  # noqa: F401 (the flavour's API)
+from rosefast.models._kernels_py import (  # noqa: F401 (the flavour's API)
+    decode_shapes,
+    gelu_tanh_mul,
+    rms_norm,
+    silu_mul,
+    store_kv,
+)
 
 FOLLOWS_CONTEXT = True     # a padded block table is never read past a row's context
 TILE_TOKENS = 64

@@ -10,9 +10,9 @@ from rosefast._select import select
 
 impl = select("decode_layer", package="rosefast.models")
 
-# What the plan implements of a LlamaLayer: its two norms, its per-head q/k norms (Qwen3) and its four linears
-# (any flavour of them)
-PLANNED_PARAMETERS = {"input_norm", "post_norm", "q_norm", "k_norm"}
+# What the plan implements of a LlamaLayer: its two norms, its per-head q/k norms (Qwen3, Gemma 3), Gemma's norms
+# of the attention's and the MLP's outputs, and its four linears (any flavour of them)
+PLANNED_PARAMETERS = {"input_norm", "post_norm", "q_norm", "k_norm", "post_attn_norm", "post_mlp_norm"}
 PLANNED_MODULES = {"qkv", "o", "gate_up", "down"}
 
 

@@ -45,8 +45,7 @@ class LlamaLayer(nn.Module):
         if a.gemma:   # post_norm is Gemma's pre-feedforward norm; the MLP is tanh-GELU gated
             attn = ops.rms_norm(self.o.forward(attn), self.post_attn_norm, a.norm_eps)
             h = ops.rms_norm(x, self.post_norm, a.norm_eps, attn)
-            gate, up = self.gate_up.forward(h).chunk(2, dim=-1)
-            mlp = self.down.forward(F.gelu(gate, approximate="tanh") * up)
+            mlp = self.down.forward(ops.gelu_tanh_mul(self.gate_up.forward(h)))
             return x, ops.rms_norm(mlp, self.post_mlp_norm, a.norm_eps)
         h = ops.rms_norm(x, self.post_norm, a.norm_eps, self.o.forward(attn))
         return x, self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
@@ -106,10 +105,14 @@ class LlamaModel(nn.Module):
         residual = None
         metas = (meta, meta if meta.window is None else meta.window)   # a layer's: [its window's pool or not]
         if self.decode_plans is not None and not meta.is_prefill:
-            steps = [decode_layer.impl.StepInputs(cos, sin, meta)]
-            steps.append(steps[0] if meta.window is None else decode_layer.impl.StepInputs(cos, sin, meta.window))
-            for plan, (k_cache, v_cache) in zip(self.decode_plans, kv_caches):
-                x, residual = plan(x, residual, steps[plan.layer.window > 0], k_cache, v_cache)
+            steps = {}   # one StepInputs per (RoPE, metadata) the layers take (Gemma: local and global ones)
+            for i, (plan, (k_cache, v_cache)) in enumerate(zip(self.decode_plans, kv_caches)):
+                key = (i in self.args.local_layers, plan.layer.window > 0)
+                step = steps.get(key)
+                if step is None:
+                    c, s = local if key[0] else (cos, sin)
+                    step = steps[key] = decode_layer.impl.StepInputs(c, s, metas[key[1]])
+                x, residual = plan(x, residual, step, k_cache, v_cache)
             return x.add_(residual)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             if self.args.local_layers:
