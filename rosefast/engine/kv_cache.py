@@ -78,13 +78,14 @@ def split_budget(budget, layer_block, num_layers, windowed, window_need, most):
     `num_layers` layers on a sliding window whose pool needs at most `window_need` blocks. The window pool is
     that need when the budget holds it and at least as many of the other blocks (else both pools are one size,
     the budget's whole-model count: the window layers then never hold more blocks than the others). With every
-    layer windowed the other blocks hold no memory: they only count what is admitted, `most` of them."""
+    layer windowed the other blocks hold no memory: they only count what is admitted, `most` of them (and the
+    window pool never needs more than that)."""
     whole = max(1, budget // (layer_block * num_layers))
     if not windowed:
         return whole, 0
     rest = budget - window_need * layer_block * windowed
     if windowed == num_layers:
-        return (most, window_need) if rest >= 0 else (whole, whole)
+        return (most, min(window_need, most)) if rest >= 0 else (whole, whole)
     blocks = rest // (layer_block * (num_layers - windowed))
     return (blocks, window_need) if blocks >= window_need else (whole, whole)
 

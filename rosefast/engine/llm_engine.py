@@ -16,8 +16,8 @@ from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence, SequenceStatus
 from rosefast.engine.speculation import Speculator
-from rosefast.engine.window_blocks import WindowBlocks
 from rosefast.engine.stand_in import StandInRunner
+from rosefast.engine.window_blocks import WindowBlocks
 from rosefast.errors import EngineDeadError
 from rosefast.models.layers import long_rope_switch
 from rosefast.models.sources import STAND_IN, resolve_model

@@ -28,7 +28,7 @@ class SeqInput:
     start: int            # tokens of this sequence already in the cache (the first new token's position)
     block_table: list     # block ids holding positions [0, start + len(token_ids))
     long_rope: bool = False   # a long-RoPE sequence past the switch: its RoPE takes the long factors (rope_index)
-    window_table: list = None # the sliding-window layers' blocks, when they have a pool of their own
+    window_table: list = None  # the sliding-window layers' blocks, when they have a pool of their own
 
 
 def served_context(max_model_len, args):
