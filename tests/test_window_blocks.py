@@ -108,6 +108,13 @@ def test_preemption_recomputes_a_windowed_sequence_exactly(default_model):
     assert tight.block_manager.window.num_used_blocks == 0
 
 
+def test_a_window_wider_than_the_context_served_is_sized_as_that_context(default_model):
+    """A 512-position window on a server of 64 tokens a sequence: its pool is sized for 64-token windows."""
+    engine = LLMEngine(model=tiny_random("mistral", sliding_window=512), dtype="float32", kv_cache_tokens=4096,
+                       max_model_len=64, max_batch_size=2)
+    assert engine.runner.kv.window_blocks == pool_blocks(engine.config, 64) < pool_blocks(engine.config, 512)
+
+
 def test_a_hit_ends_where_the_window_pool_still_holds_the_blocks_before_it():
     """Six full blocks of 4 found in the other pool; this pool (a window of 8) still caches blocks 0, 1, 3 and 4:
     a hit of all six would need blocks 4 and 5 (positions 17-23) and of five blocks 3 and 4, so five it is; of

@@ -96,7 +96,8 @@ def plan_blocks(config, args, dtype, device, profile=None, max_blocks_per_seq=1)
     the available RAM (split_budget). The window pool is 0 for a model with no sliding-window layer."""
     bs, layer = config.block_size, layer_bytes_per_token(args, dtype)
     windowed = windowed_layers(args)
-    need = pool_blocks(config, args.sliding_window) if windowed else 0
+    # (a window wider than the context served holds that context at most)
+    need = pool_blocks(config, min(args.sliding_window, max_blocks_per_seq * bs)) if windowed else 0
     if config.kv_cache_tokens:
         blocks = max(1, -(-config.kv_cache_tokens // bs))
         window = min(blocks, need)
