@@ -16,6 +16,32 @@ def load_flavour(name, flavour):
         raise
 
 
+@pytest.fixture(autouse=True)
+def alone_when_timed(request, tmp_path_factory):
+    """With the suite spread over processes (pytest-xdist: make test), a test marked `timing` — one that compares
+    durations it measures, such as a stream's gaps beside an attack against the same stream's alone — runs while
+    no other test does: it waits for the tests under way to end and holds back the next ones (file locks shared
+    by the run's workers: a turnstile, then the CPU shared by the others, taken whole by it)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp().parent   # the run's directory, above each worker's own
+    timed = request.node.get_closest_marker("timing") is not None
+    with open(base / "rosefast-turnstile.lock", "a") as turn, open(base / "rosefast-cpu.lock", "a") as cpu:
+        fcntl.flock(turn, fcntl.LOCK_EX)   # a timed test waiting below holds this: the next tests wait here
+        if not timed:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        fcntl.flock(cpu, fcntl.LOCK_EX if timed else fcntl.LOCK_SH)
+        if timed:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(cpu, fcntl.LOCK_UN)
+
+
 @pytest.fixture(params=["c", "py"])
 def flavour(request):
     return request.param

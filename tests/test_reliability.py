@@ -481,6 +481,7 @@ def timeouts_server(tiny_llama):
 
 
 
+@pytest.mark.timing
 def test_a_body_slower_than_its_timeout_is_a_408_and_its_connection_closes(timeouts_server):
     s = timeouts_server
     with Bystander(s) as idle:
@@ -508,6 +509,7 @@ def test_a_body_slower_than_its_timeout_is_a_408_and_its_connection_closes(timeo
     assert not any(wait_idle(s).values())
 
 
+@pytest.mark.timing
 def test_a_client_that_stops_reading_has_its_stream_ended_and_its_request_aborted(timeouts_server):
     """A streamed request whose client reads nothing: once one write waits past ROSEFAST_SEND_TIMEOUT_S the
     stream is closed (status 499 in the access log) and its request aborted before its 16 x 1,000 tokens,
@@ -538,6 +540,7 @@ def test_a_client_that_stops_reading_has_its_stream_ended_and_its_request_aborte
     assert beside.whole(64) and beside.itl_p50() < itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)
 
 
+@pytest.mark.timing
 def test_a_megabyte_prompt_on_the_tokenizer_endpoints_does_not_hold_the_other_streams(timeouts_server, tiny_llama):
     """/tokenize, /detokenize and count_tokens render and encode on a pool thread, not on the gevent hub: while
     ~0.9 MB prompts are encoded (the encode alone takes t_encode, measured here on the same text), a bystander's

@@ -124,6 +124,7 @@ def test_bad_grammars_and_tools_are_400s_naming_the_field(server, body, param, m
     assert error["param"] == param and message in error["message"], error
 
 
+@pytest.mark.timing
 def test_a_slow_grammar_is_a_400_and_the_hub_serves_on_meanwhile(pool_server):
     # a compile that takes over a second (the pool server's drill), past its 0.3 s limit
     server = pool_server
@@ -313,6 +314,7 @@ def test_identical_slow_compiles_are_merged_and_a_timed_out_one_is_cached_when_d
     assert r.status_code == 200 and r.json()["choices"][0]["text"] in ("alpha-merge", "beta-merge"), r.text[:300]
 
 
+@pytest.mark.timing
 def test_a_compile_every_request_gave_up_on_is_dropped_unrun(pool_server):
     """Both grammar threads busy with slow compiles: a third grammar waits in the queue, its request times out,
     and when a thread frees it is dropped instead of compiled."""
