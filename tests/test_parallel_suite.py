@@ -48,8 +48,8 @@ def test_a_timing_test_runs_while_no_other_test_does_and_the_others_run_side_by_
     spans = tmp_path / "spans.jsonl"
     env = dict(os.environ, SPANS=str(spans), PYTHONPATH=str(ROOT))
     env.pop("PYTEST_XDIST_WORKER", None)   # (this suite itself may run under xdist)
-    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-q", "-p", "no:cacheprovider",
-                          str(suite)], cwd=suite, env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-q", "-p",
+                          "no:cacheprovider", str(suite)], cwd=suite, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = [json.loads(line) for line in spans.read_text().splitlines()]
