@@ -46,10 +46,11 @@ FORCE:
 # the API key and the logs — runs once, in the first run).
 # Both runs share one model cache (the default GGUF converted once, keyed by the file), made for this `make test`
 # and removed after it unless ROSEFAST_TEST_CACHE names one to keep.
-# Each run spreads its test files over TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process, so
-# its module fixtures start once): serially the suite keeps one of two cores busy, waiting on the servers it
+# The first run spreads its test files over TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process,
+# so its module fixtures start once): serially the suite keeps one of two cores busy, waiting on the servers it
 # starts. OpenMP's idle threads sleep rather than spin (OMP_WAIT_POLICY=passive), so one process's spinning does
-# not take the core the other computes on.
+# not take the core the other computes on. The pure-twin run stays in one process: spread over two, its
+# 2,000-request storm lost a keep-alive connection (httpx.ReadError) in 3 of 8 runs, and that is not explained yet.
 TEST_WORKERS ?= 2
 test: build cross-tools browser
 	@cache=$${ROSEFAST_TEST_CACHE:-$$(mktemp -d -t rosefast-test-cache.XXXXXX)}; \
@@ -58,7 +59,7 @@ test: build cross-tools browser
 	set -ex; \
 	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests benches \
 		--benchmark-disable --durations=25; \
-	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests/test_request.py tests/test_manager.py \
+	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/test_request.py tests/test_manager.py \
 		tests/test_server.py tests/test_openai_surface.py tests/test_agent_apis.py tests/test_reliability.py \
 		tests/test_security.py \
 		-k "not make_serve and not real_model and not generation_defaults and not sigterm and not engine_that_dies \

@@ -192,9 +192,6 @@ def test_fuzz_leaves_the_worker_alive(storm_server):
 
 
 @pytest.mark.slow
-# alone: beside other test processes (make test's two) one of its pooled keep-alive connections was closed under
-# it (httpx.ReadError) in 2 of 5 pure-twin runs here; alone, and beside two CPU-burning processes, it passes
-@pytest.mark.timing
 def test_2000_requests_through_one_worker_leave_no_bookkeeping(storm_server):
     import asyncio
 
