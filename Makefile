@@ -50,7 +50,7 @@ FORCE:
 # so its module fixtures start once): serially the suite keeps one of two cores busy, waiting on the servers it
 # starts. OpenMP's idle threads sleep rather than spin (OMP_WAIT_POLICY=passive), so one process's spinning does
 # not take the core the other computes on. The pure-twin run stays as it was (one process, OpenMP's default
-# waits): with both changes its 2,000-request storm lost a keep-alive connection (httpx.ReadError) in 4 of 9
+# waits): with both changes its 2,000-request storm lost a keep-alive connection (httpx.ReadError) in 4 of 8
 # runs, even alone, and that is not explained yet.
 TEST_WORKERS ?= 2
 test: build cross-tools browser
