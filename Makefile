@@ -49,9 +49,8 @@ FORCE:
 # The first run spreads its test files over TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process,
 # so its module fixtures start once): serially the suite keeps one of two cores busy, waiting on the servers it
 # starts. OpenMP's idle threads sleep rather than spin (OMP_WAIT_POLICY=passive), so one process's spinning does
-# not take the core the other computes on. The pure-twin run stays as it was (one process, OpenMP's default
-# waits): with both changes its 2,000-request storm lost a keep-alive connection (httpx.ReadError) in 4 of 8
-# runs, even alone, and that is not explained yet.
+# not take the core the other computes on. The pure-twin run stays one process with OpenMP's default waits: under
+# these two settings its 2,000-request storm lost keep-alive connections (httpx.ReadError), not yet explained.
 TEST_WORKERS ?= 2
 test: build cross-tools browser
 	@cache=$${ROSEFAST_TEST_CACHE:-$$(mktemp -d -t rosefast-test-cache.XXXXXX)}; \

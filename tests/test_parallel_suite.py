@@ -11,12 +11,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PLAIN = """
 import json, os, time, pytest
 
+
+def span(kind, seconds):
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    with open(os.environ["SPANS"], "a") as f:
+        f.write(json.dumps([kind, os.environ["PYTEST_XDIST_WORKER"], t0, time.monotonic()]) + "\\n")
+
+
 @pytest.mark.parametrize("i", range(5))
 def test_plain(i):
-    t0 = time.monotonic()
-    time.sleep(0.2)
-    with open(os.environ["SPANS"], "a") as f:
-        f.write(json.dumps(["plain", os.environ["PYTEST_XDIST_WORKER"], t0, time.monotonic()]) + "\\n")
+    span("plain", 0.2)
 """
 
 # the timed test after plain ones in a file of its own, the largest (xdist hands out the largest files first): it
@@ -25,15 +30,12 @@ TIMED = PLAIN + """
 
 @pytest.mark.parametrize("i", range(2))
 def test_more_plain(i):
-    test_plain(i)
+    span("plain", 0.2)
 
 
 @pytest.mark.timing
 def test_timed():
-    t0 = time.monotonic()
-    time.sleep(1.0)
-    with open(os.environ["SPANS"], "a") as f:
-        f.write(json.dumps(["timed", os.environ["PYTEST_XDIST_WORKER"], t0, time.monotonic()]) + "\\n")
+    span("timed", 1.0)
 """
 
 
