@@ -31,39 +31,54 @@ MISSING_MODULE := $(if $(ROSEFAST_NO_EXTENSIONS),,$(if $(wildcard rosefast/front
 $(BIN)/.build-settings: FORCE | install
 	@echo '$(BUILD_SETTINGS)' | cmp -s - $@ || echo '$(BUILD_SETTINGS)' > $@
 
+# (make decides before `install` runs, so on a fresh checkout it finds the modules missing and .built older than
+# .installed, whose own editable install has just compiled them: the recipe looks again before compiling twice)
 $(BIN)/.built: $(BIN)/.installed $(BIN)/.build-settings $(BUILD_INPUTS) $(MISSING_MODULE)
-	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
-	touch $@
+	@if [ -e $@ ] && [ -z "$$(find $(filter-out FORCE,$^) -newer $@)" ] && \
+	    { [ -n "$(ROSEFAST_NO_EXTENSIONS)" ] || ls rosefast/frontend/_collector_c.*.so >/dev/null 2>&1; }; then \
+		echo "the compiled modules are up to date"; \
+	else \
+		echo "$(BIN)/pip install -q --no-build-isolation --no-deps -e ."; \
+		$(BIN)/pip install -q --no-build-isolation --no-deps -e . && touch $@; \
+	fi
 
 build: $(BIN)/.built
 
 FORCE:
 
-# The suite, plus every benchmark run once as a smoke test (so benches/ cannot rot); then the serving
+# The suite, plus every benchmark run once as a smoke test (so benches/ cannot rot); beside it, the serving
 # core and the server once more on the pure-Python twins (the hot-path tests take both flavours in-process;
 # what does not depend on the flavour — `make serve`, the real model's numbers, generation defaults, SIGTERM,
 # the dead-GPU and dead-engine restarts, a failed start, processes from the engine thread, the body timeout,
 # the API key and the logs — runs once, in the first run).
-# Both runs share one model cache (the default GGUF converted once, keyed by the file), made for this `make test`
-# and removed after it unless ROSEFAST_TEST_CACHE names one to keep.
+# Both runs share one model cache (the default GGUF converted once, before them, keyed by the file), made for this
+# `make test` and removed after it unless ROSEFAST_TEST_CACHE names one to keep.
 # The first run spreads its test files over TEST_WORKERS processes (pytest-xdist; a file's tests stay in one process,
-# so its module fixtures start once): serially the suite keeps one of two cores busy, waiting on the servers it
-# starts. OpenMP's idle threads sleep rather than spin (OMP_WAIT_POLICY=passive), so one process's spinning does
-# not take the core the other computes on. The pure-twin run stays one process with OpenMP's default waits: under
-# these two settings its 2,000-request storm lost keep-alive connections (httpx.ReadError), not yet explained.
+# so its module fixtures start once), and the pure-twin run goes beside it as one more process, its output kept
+# and printed after the first run's: serially the suite keeps one of two cores busy, waiting on the servers it
+# starts. A test marked `timing` still runs alone: both runs take their turns through one lock directory
+# (ROSEFAST_TEST_LOCKS, tests/conftest.py). OpenMP's idle threads sleep rather than spin
+# (OMP_WAIT_POLICY=passive), so one process's spinning does not take the core another computes on.
 TEST_WORKERS ?= 2
+PURE_TESTS := tests/test_request.py tests/test_manager.py tests/test_server.py tests/test_openai_surface.py \
+	tests/test_agent_apis.py tests/test_reliability.py tests/test_security.py
+PURE_SKIP := not make_serve and not real_model and not generation_defaults and not sigterm and not engine_that_dies \
+	and not cannot_load and not processes_start and not slower_than and not needs_the_key and not logs \
+	and not logged and not bad_config and not model_field
 test: build cross-tools browser
 	@cache=$${ROSEFAST_TEST_CACHE:-$$(mktemp -d -t rosefast-test-cache.XXXXXX)}; \
-	export ROSEFAST_TEST_CACHE=$$cache; trap '[ "$$cache" = "$(ROSEFAST_TEST_CACHE)" ] || rm -rf "$$cache"' EXIT; \
-	set -ex; \
-	OMP_WAIT_POLICY=passive ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests benches \
-		--benchmark-disable --durations=25; \
-	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/test_request.py tests/test_manager.py \
-		tests/test_server.py tests/test_openai_surface.py tests/test_agent_apis.py tests/test_reliability.py \
-		tests/test_security.py \
-		-k "not make_serve and not real_model and not generation_defaults and not sigterm and not engine_that_dies \
-		and not cannot_load and not processes_start and not slower_than and not needs_the_key and not logs \
-		and not logged and not bad_config and not model_field"
+	locks=$$(mktemp -d -t rosefast-test-locks.XXXXXX); \
+	export ROSEFAST_TEST_CACHE=$$cache ROSEFAST_TEST_LOCKS=$$locks OMP_WAIT_POLICY=passive; \
+	trap 'rm -rf "$$locks"; [ "$$cache" = "$(ROSEFAST_TEST_CACHE)" ] || rm -rf "$$cache"' EXIT; \
+	set -x; \
+	ROSEFAST_CACHE=$$cache $(BIN)/python -c "from rosefast.models import resolve_model; resolve_model()" || exit; \
+	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest -p no:cacheprovider $(PURE_TESTS) -k "$(PURE_SKIP)" \
+		> $$locks/pure-twins.log 2>&1 & pure=$$!; \
+	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests benches \
+		--benchmark-disable --durations=25; main=$$?; \
+	wait $$pure; twins=$$?; \
+	echo "+ the pure-twin run, beside it:"; cat $$locks/pure-twins.log; \
+	[ $$main = 0 ] && [ $$twins = 0 ]
 
 # The NEON kernels' exactness check (tests/quant_tiers_check.c under qemu-user) needs an aarch64 cross compiler:
 # installed from Debian's packages where apt runs as root; elsewhere that test skips and says why.

@@ -21,13 +21,16 @@ def alone_when_timed(request, tmp_path_factory):
     """With the suite spread over processes (pytest-xdist: make test), a test marked `timing` — one that compares
     durations it measures, such as a stream's gaps beside an attack against the same stream's alone — runs while
     no other test does: it waits for the tests under way to end and holds back the next ones (file locks shared
-    by the run's workers: a turnstile, then the CPU shared by the others, taken whole by it)."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    by the run's workers: a turnstile, then the CPU shared by the others, taken whole by it). ROSEFAST_TEST_LOCKS
+    names a directory for those locks shared by several pytest runs at once (make test's two legs)."""
+    shared = os.environ.get("ROSEFAST_TEST_LOCKS")
+    if "PYTEST_XDIST_WORKER" not in os.environ and not shared:
         yield
         return
     import fcntl
+    from pathlib import Path
 
-    base = tmp_path_factory.getbasetemp().parent   # the run's directory, above each worker's own
+    base = Path(shared) if shared else tmp_path_factory.getbasetemp().parent   # else the run's, above each worker's
     timed = request.node.get_closest_marker("timing") is not None
     with open(base / "rosefast-turnstile.lock", "a") as turn, open(base / "rosefast-cpu.lock", "a") as cpu:
         fcntl.flock(turn, fcntl.LOCK_EX)   # a timed test waiting below holds this: the next tests wait here

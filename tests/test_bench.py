@@ -76,6 +76,41 @@ def test_in_process_rejects_are_counted(tiny_llama, capsys):
     assert "Rejected: " in capsys.readouterr().out
 
 
+def test_repeated_runs_gaps_and_wall_are_taken_within_each_run():
+    from rosefast.bench.drivers import Sample
+    from rosefast.bench.report import figures
+
+    samples = [Sample(i, t_call=t0 + 0.005 * i) for t0 in (10.0, 20.0) for i in range(4)]   # two runs of 4
+    f = figures(samples, None, http=True)
+    assert f["submit_gap"]["n"] == 6 and f["submit_gap"]["mean"] == pytest.approx(5.0)   # ms, not the pause
+    assert f["submit_wall_ms"] == pytest.approx(30.0)
+
+
+def test_in_process_streams_are_read_by_greenlets_on_one_thread(tiny_llama, monkeypatch):
+    """No consumer thread per stream (64 of them woken each step queued the arrival loop behind them for the
+    GIL): the streams' readers are greenlets of the benchmark's one hub thread, woken once a step."""
+    import threading
+
+    from rosefast.bench.hub import HubConsumers
+
+    started = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self.name), start(self)))
+    f = streaming.main(["--model", "tiny", "--dtype", "float32", "--num-requests", "24", "--max-new-tokens", "4",
+                        "--no-stop-on-eos", "--warmup-runs", "0", "--no-progress"])
+    assert f["completed"] == 24 and f["completion_tokens"] == 96
+    assert len(started) < 24 and started.count("rosefast-bench-hub") == 1, started
+    hub, where = HubConsumers(), []
+    try:
+        done = threading.Event()
+        for i in range(3):
+            hub.spawn(lambda i: (where.append(threading.get_ident()), i == 2 and done.set()), i)
+        assert done.wait(10)
+    finally:
+        hub.close()
+    assert len(set(where)) == 1 and where[0] != threading.get_ident()
+
+
 def test_relative_schedule_stretches_the_interval(tiny_llama):
     f = streaming.main(["--model", "tiny", "--dtype", "float32", "--num-requests", "8", "--max-new-tokens", "2",
                         "--submit-interval-ms", "5", "--submit-schedule", "relative", "--warmup-runs", "0",

@@ -67,35 +67,34 @@ def run_arrivals(args, prompts, submit):
 
 # -- in-process --------------------------------------------------------------------------------------
 
-def run_inprocess(manager, args, prompts, progress=None):
-    """One consumer thread per request reads its stream; the arrival loop only admits and hands over."""
+def run_inprocess(manager, hub, args, prompts, progress=None):
+    """Each stream is read by a greenlet on the hub's thread (HubConsumers: the manager's waker is its
+    GeventWaker, as the server's SSE greenlets are woken); the arrival loop only admits and hands over."""
     from rosefast.engine.sampling_params import SamplingParams
     from rosefast.errors import OverloadedError
 
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                             ignore_eos=args.no_stop_on_eos)
-    work = _queue.SimpleQueue()
+    ended = _queue.SimpleQueue()
+    spawned = []
 
-    def consumer():
-        while True:
-            item = work.get()
-            if item is None:
-                return
-            rid, s = item
-            t = manager.timing(rid)
-            try:
-                for chunk in manager.stream(rid):
-                    s.prompt_tokens = chunk.prompt_tokens or 0
-                    if chunk.token_ids:
-                        s.received(time.perf_counter())
-                        s.completion_tokens += len(chunk.token_ids)
-            except Exception as e:  # noqa: BLE001 - counted, not crashed on
-                s.error = repr(e)
+    def consume(rid, s):
+        t = manager.timing(rid)
+        try:
+            for chunk in manager.stream(rid):
+                s.prompt_tokens = chunk.prompt_tokens or 0
+                if chunk.token_ids:
+                    s.received(time.perf_counter())
+                    s.completion_tokens += len(chunk.token_ids)
+        except Exception as e:  # noqa: BLE001 - counted, not crashed on
+            s.error = repr(e)
+        finally:
             if t is not None:
                 s.tokenized, s.scheduled, s.first_token = t.tokenized, t.scheduled, t.first_token
                 s.token_times = t.token_times
             if progress is not None:
                 progress.update()
+            ended.put(s)
 
     def submit(prompt, s):
         try:
@@ -104,21 +103,17 @@ def run_inprocess(manager, args, prompts, progress=None):
             else:
                 rid = manager.add_request(prompt, params=params)
             s.t_return = time.perf_counter()
-            work.put((rid, s))
+            spawned.append(s)
+            hub.spawn(consume, rid, s)
         except OverloadedError:
             s.t_return = time.perf_counter()
             s.rejected = True
             if progress is not None:
                 progress.update()
 
-    threads = [threading.Thread(target=consumer, daemon=True) for _ in range(len(prompts))]
-    for t in threads:
-        t.start()
     samples = run_arrivals(args, prompts, submit)
-    for _ in threads:
-        work.put(None)
-    for t in threads:
-        t.join()
+    for _ in spawned:
+        ended.get()
     return samples
 
 

@@ -2,16 +2,26 @@
 from rosefast.bench.stats import fmt, summary
 
 
+def _runs(samples):
+    """The samples of each repeated run (--repeat-runs: each run's indices start again at 0), in order."""
+    runs = []
+    for s in samples:
+        if not runs or s.index <= runs[-1][-1].index:
+            runs.append([])
+        runs[-1].append(s)
+    return runs
+
+
 def figures(samples, args, http, engine=None):
     """engine: what the run added to the engine's counters (steps, spec_proposed, spec_accepted), when known."""
     ok = [s for s in samples if not s.rejected and s.error is None and s.first_recv is not None]
     rejected = [s for s in samples if s.rejected]
-    calls = [s.t_call for s in samples]
+    runs = _runs(samples)
     out = {"requests": len(samples), "completed": len(ok), "rejected": len(rejected),
            "errors": sum(1 for s in samples if s.error), "prompt_tokens": sum(s.prompt_tokens for s in ok),
            "completion_tokens": sum(s.completion_tokens for s in ok),
-           "submit_wall_ms": (max(calls) - min(calls)) * 1e3 if calls else 0.0}
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
+           "submit_wall_ms": sum(run[-1].t_call - run[0].t_call for run in runs) * 1e3}
+    gaps = [b.t_call - a.t_call for run in runs for a, b in zip(run, run[1:])]   # within each run
     out["submit_gap"] = summary(gaps)
     targeted = [s for s in samples if s.target is not None]
     if targeted:

@@ -15,6 +15,7 @@ import sys
 from dataclasses import asdict
 
 from rosefast.bench.drivers import run_http, run_inprocess
+from rosefast.bench.hub import HubConsumers
 from rosefast.bench.report import figures, print_report
 from rosefast.bench.schedule import SCHEDULES
 
@@ -98,7 +99,7 @@ def _model_spec(args):
     return args.model
 
 
-def make_manager(args):
+def make_manager(args, waker="thread"):
     from rosefast.serving.manager import SchedulerManager
 
     before_step = None
@@ -116,7 +117,7 @@ def make_manager(args):
         record_token_timestamps=True, enable_prefix_cache=not args.no_prefix_cache,
         cuda_graph=not args.no_cuda_graph, kv_cache_tokens=args.kv_cache_tokens, seed=args.seed,
         stand_in_step_ms=args.stand_in_step_ms, before_step=before_step, speculative=args.speculative,
-        speculative_tokens=args.speculative_tokens, quantization=args.quantization)
+        speculative_tokens=args.speculative_tokens, quantization=args.quantization, waker=waker)
 
 
 ENGINE_COUNTERS = {"steps": "rosefast_engine_steps_total", "spec_proposed": "rosefast_spec_proposed_tokens_total",
@@ -183,15 +184,20 @@ def _run(args):
         samples, engine = measure(args, make_prompts(args, tokenizer), run, lambda: scrape_counters(args.url))
         model_name, device = names[-1], "remote"
     else:
-        manager = make_manager(args)
+        hub = HubConsumers()
         try:
-            samples, engine = measure(args, make_prompts(args, manager.tokenizer),
-                                      lambda prompts, progress: run_inprocess(manager, args, prompts, progress),
-                                      manager.engine_stats)
-            model_name = manager.model.name
-            device = f"{manager.engine.runner.device} ({str(manager.engine.runner.dtype).removeprefix('torch.')})"
+            manager = make_manager(args, waker=hub.waker)
+            try:
+                samples, engine = measure(args, make_prompts(args, manager.tokenizer),
+                                          lambda prompts, progress: run_inprocess(manager, hub, args, prompts,
+                                                                                  progress),
+                                          manager.engine_stats)
+                model_name = manager.model.name
+                device = f"{manager.engine.runner.device} ({str(manager.engine.runner.dtype).removeprefix('torch.')})"
+            finally:
+                manager.close()
         finally:
-            manager.close()
+            hub.close()
     f = figures(samples, args, http, engine)
     print_report(f, args, http, model_name, device)
     if args.output_json:
