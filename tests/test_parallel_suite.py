@@ -88,16 +88,22 @@ def test_a_timing_test_runs_while_no_other_test_does_and_the_others_run_side_by_
 def test_two_runs_sharing_a_lock_directory_take_turns_with_a_timed_test(tmp_path):
     """make test's two legs at once (the compiled run over two processes, the pure-twin run serially beside it):
     through ROSEFAST_TEST_LOCKS a timed test of one waits for the other's tests under way and holds back its next."""
+    import time
+
     spans = tmp_path / "spans.jsonl"
-    runs = [_start(_suite(tmp_path / "xdist", True, "ab"), spans, "a", "-n", "2", "--dist", "loadfile",
-                   locks=tmp_path),
-            _start(_suite(tmp_path / "serial", False, "cdef"), spans, "b", locks=tmp_path)]
+    # the serial run first, long enough (40 tests of 0.2 s) that the other starts while it still runs
+    serial = _start(_suite(tmp_path / "serial", False, "cdefghij"), spans, "b", locks=tmp_path)
+    deadline = time.monotonic() + 60
+    while not (spans.exists() and spans.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    runs = [serial, _start(_suite(tmp_path / "xdist", True, "ab"), spans, "a", "-n", "2", "--dist", "loadfile",
+                           locks=tmp_path)]
     for proc in runs:
         _finish(proc)
     rows = [json.loads(line) for line in spans.read_text().splitlines()]
     (timed,) = [r for r in rows if r[0] == "timed"]
     plain = [r for r in rows if r[0] == "plain"]
-    assert len(plain) == 17 + 20
+    assert len(plain) == 17 + 40
     during = [r for r in plain if _overlap(r, timed)]
     assert not during, (timed, during)   # the serial run's tests too waited for the timed one
     beside = [(a, b) for a in plain for b in plain if a[1] == "b" and a[1] != b[1] and _overlap(a, b)]
