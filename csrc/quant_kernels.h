@@ -499,6 +499,10 @@ RF_VNNI static void rf_quant_tile2_avx512(const rf_qweights *q0, const rf_qweigh
 
 #define RF_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define RF_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+/* the 256-bit tiers' helpers are inlined with their counts as constants (RF_DOTS_*): as out-of-line loops over
+ * run-time counts they kept the weight vectors in memory and took one product an iteration, which made the
+ * AVX2 tier ~5x its instruction count on a Zen 4 (benches/kernel_tiers.py) */
+#define RF_INLINE256 static inline __attribute__((always_inline))
 
 static int rf_cpu_has_avx2(void) {
     static int known = -1;
@@ -521,7 +525,7 @@ RF_AVX2 static void rf_quantize_row_avx2(const void *x, int bf16, int64_t K, int
 
 /* s + the products of weight vectors c[0 .. n) (one tile half's) with one digit's words xw[0 .. n), one row per
  * int32 lane */
-RF_AVXVNNI static inline __m256i rf_dot_avxvnni(__m256i s, const __m256i *c, const int32_t *xw, int n) {
+RF_AVXVNNI RF_INLINE256 __m256i rf_dot_avxvnni(__m256i s, const __m256i *c, const int32_t *xw, int n) {
     __m256i v = _mm256_setzero_si256();
     for (int k = 0; k < n; k += 2) {
         s = _mm256_dpbusd_avx_epi32(s, c[k], _mm256_set1_epi32(xw[k]));
@@ -533,7 +537,7 @@ RF_AVXVNNI static inline __m256i rf_dot_avxvnni(__m256i s, const __m256i *c, con
 /* AVX2, unsigned weights under 2^bits: vpmaddubsw products summed in int16 `per` at a time before vpmaddwd,
  * so no sum passes 32767: a pair is at most 2 x 15 x 127 = 3810 (4 bits, 8 summed: 30480), 7874 (5 bits, 4:
  * 31496), 16002 (6 bits, 2: 32004) */
-RF_AVX2 static inline __m256i rf_dot_avx2_u(__m256i s, const __m256i *c, const int32_t *xw, int n, int per) {
+RF_AVX2 RF_INLINE256 __m256i rf_dot_avx2_u(__m256i s, const __m256i *c, const int32_t *xw, int n, int per) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int k0 = 0; k0 < n; k0 += per) {
         __m256i p = _mm256_maddubs_epi16(c[k0], _mm256_set1_epi32(xw[k0]));
@@ -543,19 +547,26 @@ RF_AVX2 static inline __m256i rf_dot_avx2_u(__m256i s, const __m256i *c, const i
     return s;
 }
 
-/* AVX2, Q8_0 (c: the signed weights, a = |c|): |w| is the unsigned operand and x takes w's sign, so a pair is at
- * most 2 x 128 x 127 = 32512 (x is clamped to -127..127: negating it cannot overflow) */
-RF_AVX2 static inline __m256i rf_dot8_avx2_q8(const __m256i *a, const __m256i *c, const int32_t *xw) {
+/* AVX2, Q8_0 (c: the signed weights): |w| is the unsigned operand and x takes w's sign, so a pair is at most
+ * 2 x 128 x 127 = 32512 (x is clamped to -127..127: negating it cannot overflow); both digits in one pass, |w|
+ * made per vector (kept for all eight beside c, the sixteen vectors spilled to the stack) */
+RF_AVX2 RF_INLINE256 void rf_dot8_avx2_q8(const __m256i *c, const int32_t *w1, const int32_t *w2, __m256i *s,
+                                          __m256i *t) {
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i s = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++)
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(a[k], _mm256_sign_epi8(_mm256_set1_epi32(xw[k]),
-                                                                                             c[k])), ones));
-    return s;
+    __m256i s_ = _mm256_setzero_si256(), t_ = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        __m256i a = _mm256_sign_epi8(c[k], c[k]);
+        s_ = _mm256_add_epi32(s_, _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(
+            _mm256_set1_epi32(w1[k]), c[k])), ones));
+        t_ = _mm256_add_epi32(t_, _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(
+            _mm256_set1_epi32(w2[k]), c[k])), ones));
+    }
+    *s = s_;
+    *t = t_;
 }
 
 /* a tile half's (rows 8 h .. 8 h + 7) weight vectors of a block, as rf_q_load_avx512's */
-RF_AVX2 static inline void rf_q_load_avx2(int fmt, const uint8_t *blk, int h, __m256i *c) {
+RF_AVX2 RF_INLINE256 void rf_q_load_avx2(int fmt, const uint8_t *blk, int h, __m256i *c) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     if (fmt == RF_FMT_Q8_0) {
         for (int i = 0; i < 8; i++) c[i] = _mm256_loadu_si256((const __m256i *)(blk + 64 * i + 32 * h));
@@ -578,16 +589,16 @@ RF_AVX2 static inline void rf_q_load_avx2(int fmt, const uint8_t *blk, int h, __
     }
 }
 
-RF_AVX2 static inline __m256 rf_q_half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-RF_AVX2 static inline __m256 rf_q_u8x8(const uint8_t *p) {
+RF_AVX2 RF_INLINE256 __m256 rf_q_half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+RF_AVX2 RF_INLINE256 __m256 rf_q_u8x8(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
-RF_AVX2 static inline __m256 rf_q_i8x8(const uint8_t *p) {
+RF_AVX2 RF_INLINE256 __m256 rf_q_i8x8(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
 /* a tile half's scales for a block, as rf_q_scales_avx512's */
-RF_AVX2 static inline void rf_q_scales_avx2(const rf_qweights *q, int64_t g, int h, __m256 *sa, __m256 *sb, __m256 *mv) {
+RF_AVX2 RF_INLINE256 void rf_q_scales_avx2(const rf_qweights *q, int64_t g, int h, __m256 *sa, __m256 *sb, __m256 *mv) {
     int fmt = q->fmt, r = 8 * h;
     if (!rf_q_kformat(fmt)) {
         *sa = *sb = rf_q_half8(q->d + g * RF_QROWS + r);
@@ -613,9 +624,15 @@ RF_AVX2 static inline void rf_q_scales_avx2(const rf_qweights *q, int64_t g, int
         s = rf_dot_avxvnni(s0, c + o, w1 + o, n);                                                           \
         t = rf_dot_avxvnni(t0, c + o, w2 + o, n);                                                           \
     } while (0)
+#define RF_DOTS_U(s, t, s0, t0, o, n, per_) do {                                                           \
+        s = rf_dot_avx2_u(s0, c + o, w1 + o, n, per_);                                                      \
+        t = rf_dot_avx2_u(t0, c + o, w2 + o, n, per_);                                                      \
+    } while (0)
 #define RF_DOTS_avx2(s, t, s0, t0, o, n) do {                                                               \
-        if (q8) { s = rf_dot8_avx2_q8(a8, c, w1); t = rf_dot8_avx2_q8(a8, c, w2); }                         \
-        else { s = rf_dot_avx2_u(s0, c + o, w1 + o, n, per); t = rf_dot_avx2_u(t0, c + o, w2 + o, n, per); } \
+        if (q8) rf_dot8_avx2_q8(c, w1, w2, &s, &t);                                                        \
+        else if (per == 8) RF_DOTS_U(s, t, s0, t0, o, n, 8);                                                \
+        else if (per == 4) RF_DOTS_U(s, t, s0, t0, o, n, 4);                                                \
+        else RF_DOTS_U(s, t, s0, t0, o, n, 2);                                                              \
     } while (0)
 
 /* the tile on 256-bit vectors: rows 0-7 and 8-15 of each block are two halves (see the scalar tile) */
@@ -633,15 +650,11 @@ ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int6
         for (int i = 0; i < bytes / 64; i++)                                                                \
             _mm_prefetch((const char *)q->w + g * bytes + RF_Q_PREFETCH + 64 * i, _MM_HINT_T0);            \
         for (int h = 0; h < 2; h++) {                                                                       \
-            __m256i c[8], a8[8];                                                                            \
+            __m256i c[8];                                                                                   \
             __m256 sa, sb, mv;                                                                              \
             rf_q_load_avx2(fmt, q->w + g * bytes, h, c);                                                    \
             if (q8 && RF_SIGNED_##V)                                                                        \
-                for (int i = 0; i < 8; i++) {                                                               \
-                    c[i] = _mm256_xor_si256(c[i], flip);                                                    \
-                    a8[i] = _mm256_sign_epi8(c[i], c[i]);                                                   \
-                }                                                                                           \
-            (void)a8;                                                                                       \
+                for (int i = 0; i < 8; i++) c[i] = _mm256_xor_si256(c[i], flip);                            \
             rf_q_scales_avx2(q, g, h, &sa, &sb, &mv);                                                       \
             for (int bb = 0; bb < nb; bb++) {                                                               \
                 int64_t sg = (b0 + bb) * G + g;                                                             \
@@ -680,6 +693,7 @@ RF_DEFINE_TILE256(avx2, RF_AVX2)
 RF_DEFINE_TILE256(avxvnni, RF_AVXVNNI)
 #undef RF_DEFINE_TILE256
 #undef RF_DOTS_avx2
+#undef RF_DOTS_U
 #undef RF_DOTS_avxvnni
 #undef RF_SIGNED_avx2
 #undef RF_SIGNED_avxvnni
