@@ -1,6 +1,6 @@
 """The in-process benchmark's consumers as the server has them: a greenlet per stream, all on one native thread
-running a gevent hub of its own, woken once per engine step (GeventWaker). A consumer OS thread per stream
-(the earlier driver) woke 64 threads a step, each wanting the GIL at once: the arrival loop queued behind them."""
+running a gevent hub of its own, woken once per engine step (GeventWaker). The earlier driver made an OS thread per
+request (2,000 for --num-requests 2000), all woken each step, each wanting the GIL beside the arrival loop."""
 import _queue
 import threading
 from collections import deque
