@@ -80,15 +80,16 @@ def test_repeated_runs_gaps_and_wall_are_taken_within_each_run():
     from rosefast.bench.drivers import Sample
     from rosefast.bench.report import figures
 
-    samples = [Sample(i, t_call=t0 + 0.005 * i) for t0 in (10.0, 20.0) for i in range(4)]   # two runs of 4
+    # two runs of 4 made-up submit times, 5 ms apart, the second run 10 s after the first (nothing is timed here)
+    samples = [Sample(i, t_call=t0 + 0.005 * i) for t0 in (10.0, 20.0) for i in range(4)]
     f = figures(samples, None, http=True)
     assert f["submit_gap"]["n"] == 6 and f["submit_gap"]["mean"] == pytest.approx(5.0)   # ms, not the pause
     assert f["submit_wall_ms"] == pytest.approx(30.0)
 
 
 def test_in_process_streams_are_read_by_greenlets_on_one_thread(tiny_llama, monkeypatch):
-    """No consumer thread per stream (64 of them woken each step queued the arrival loop behind them for the
-    GIL): the streams' readers are greenlets of the benchmark's one hub thread, woken once a step."""
+    """No consumer thread per stream (a thread per request, all woken each step): the streams' readers are
+    greenlets of the benchmark's one hub thread, woken once a step, as the server's are."""
     import threading
 
     from rosefast.bench.hub import HubConsumers
