@@ -1,5 +1,6 @@
 """The streaming benchmark: schedule arithmetic, percentiles, in-process and --url runs, JSON and PNG."""
 import json
+import os
 import sys
 
 import numpy as np
@@ -47,7 +48,7 @@ def test_percentile_matches_numpy():
 
 
 REPORT_LINES = ["Model:", "Settings:", "Requests:", "Prompt tokens (accepted):", "Submit wall:",
-                "Submit interval/schedule:", "Submit lag:", "Reject latency:", "TTFT:", "TPOT:", "Latency:",
+                "Submit interval/schedule:", "Submitter: ", "Submit lag:", "Reject latency:", "TTFT:", "TPOT:", "Latency:",
                 "Throughput:", " per token: "]
 INPROCESS_LINES = ["add_request latency:", "Tokenize:", "Queue wait (post-tok):", "Prefill->first token:", "ITL:"]
 
@@ -110,6 +111,71 @@ def test_in_process_streams_are_read_by_greenlets_on_one_thread(tiny_llama, monk
     finally:
         hub.close()
     assert len(set(where)) == 1 and where[0] != threading.get_ident()
+
+
+def _policy():
+    return os.sched_getscheduler(0) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setscheduler"), reason="no SCHED_FIFO on this OS")
+def test_the_arrival_loop_runs_real_time_only_while_it_submits():
+    """A woken submit must not wait for a core the engine's threads hold: the loop's own thread is SCHED_FIFO
+    while it submits, normal again afterwards, and a thread it starts is not real-time."""
+    import threading
+    from types import SimpleNamespace
+
+    from rosefast.bench.drivers import run_arrivals
+    from rosefast.bench.priority import resolve
+
+    effective, why = resolve("auto")
+    if effective != "realtime":
+        pytest.skip(f"SCHED_FIFO is not permitted here: {why}")
+    seen = []
+
+    def submit(prompt, sample):
+        child = []
+        t = threading.Thread(target=lambda: child.append(_policy()))
+        t.start()
+        t.join()
+        seen.append((_policy(), child[0]))
+
+    before = _policy()
+    for mode, inside in (("realtime", os.SCHED_FIFO), ("normal", before)):
+        seen.clear()
+        args = SimpleNamespace(submit_interval_ms=1.0, submit_schedule="absolute", burstiness=1.0, seed=0,
+                               submitter_priority=mode)
+        samples = run_arrivals(args, ["a", "b", "c"], submit)
+        assert [s.target is not None for s in samples] == [True] * 3
+        assert seen == [(inside, before)] * 3, mode
+        assert _policy() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setscheduler"), reason="no SCHED_FIFO on this OS")
+def test_a_refused_real_time_falls_back_under_auto_and_fails_under_realtime():
+    """Where the OS refuses SCHED_FIFO (here: the interpreter run without CAP_SYS_NICE), auto runs the loop
+    normal and says why; realtime stops with the fix named."""
+    import shutil
+    import subprocess
+
+    from rosefast.bench.priority import resolve
+
+    if os.geteuid() != 0 and resolve("auto")[0] == "realtime":
+        pytest.skip("this user may take SCHED_FIFO (RLIMIT_RTPRIO): nothing here refuses it")
+    code = ("from rosefast.bench.priority import resolve\n"
+            "print(resolve('auto'))\n"
+            "try:\n    resolve('realtime')\nexcept SystemExit as e:\n    print('exit:', e)\n")
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("root without setpriv: cannot run a process the OS refuses SCHED_FIFO")
+        cmd = ["setpriv", "--bounding-set=-sys_nice", "--inh-caps=-sys_nice", sys.executable, "-c", code]
+    else:
+        cmd = [sys.executable, "-c", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "('normal', 'the OS refused SCHED_FIFO (Operation not permitted); woken submits may wait" in out, out
+    assert "exit: --submitter-priority realtime: the OS refused SCHED_FIFO" in out and "CAP_SYS_NICE" in out, out
+    assert resolve("normal") == ("normal", "as asked (--submitter-priority normal)")
+    with pytest.raises(ValueError, match="submitter priority must be one of"):
+        resolve("high")
 
 
 def test_relative_schedule_stretches_the_interval(tiny_llama):

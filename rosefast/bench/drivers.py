@@ -8,6 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from rosefast.bench.priority import submitter_priority
 from rosefast.bench.schedule import arrival_offsets
 
 
@@ -38,30 +39,35 @@ class Sample:
         self.event_times.append(now)
 
 
-def _wait_until(target):
+def _wait_until(target, spin):
+    """Sleep until `target`; `spin`: the last 2 ms in sleep(0) turns (a normal thread's wake may be late by
+    its timer slack; a real-time one's timer has none, and a real-time spin would hold a core)."""
     while True:
         left = target - time.perf_counter()
         if left <= 0:
             return
-        time.sleep(left if left > 0.002 else 0)
+        time.sleep(left if left > 0.002 or not spin else 0)
 
 
 def run_arrivals(args, prompts, submit):
     """Call `submit(prompt, sample)` for each prompt on the schedule: absolute / poisson / gamma target
     t0 + offset_i (the lag is t_call - target); relative sleeps the interval after each submit, so its real
-    gap is the submit's own time plus the interval. Returns the samples."""
+    gap is the submit's own time plus the interval. The loop runs at `args.submitter_priority` (priority.py:
+    "realtime" or "normal"; normal where the args have none). Returns the samples."""
     samples = [Sample(i) for i in range(len(prompts))]
     interval = args.submit_interval_ms / 1e3
     offsets = arrival_offsets(args.submit_schedule, len(prompts), interval, args.burstiness, args.seed)
-    t0 = time.perf_counter()
-    for prompt, s in zip(prompts, samples):
-        if offsets is not None:
-            s.target = t0 + offsets[s.index]
-            _wait_until(s.target)
-        s.t_call = time.perf_counter()
-        submit(prompt, s)
-        if offsets is None and interval:
-            time.sleep(interval)
+    effective = getattr(args, "submitter_priority", "normal")
+    with submitter_priority(effective):
+        t0 = time.perf_counter()
+        for prompt, s in zip(prompts, samples):
+            if offsets is not None:
+                s.target = t0 + offsets[s.index]
+                _wait_until(s.target, spin=effective != "realtime")
+            s.t_call = time.perf_counter()
+            submit(prompt, s)
+            if offsets is None and interval:
+                time.sleep(interval)
     return samples
 
 

@@ -69,6 +69,8 @@ def print_report(f, args, http, model_name, device):
     p(f"Submit interval/schedule: {args.submit_interval_ms} ms {args.submit_schedule}"
       + (f" (burstiness {args.burstiness})" if args.submit_schedule == "gamma" else "")
       + f"; actual gap mean {f['submit_gap']['mean']:.3f} ms")
+    if getattr(args, "submitter_note", None):
+        p(f"Submitter: {args.submitter_priority} ({args.submitter_note})")
     if "submit_lag" in f:
         p(f"Submit lag: {fmt(f['submit_lag'])}")
     if http:

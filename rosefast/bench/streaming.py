@@ -16,6 +16,7 @@ from dataclasses import asdict
 
 from rosefast.bench.drivers import run_http, run_inprocess
 from rosefast.bench.hub import HubConsumers
+from rosefast.bench.priority import MODES, resolve
 from rosefast.bench.report import figures, print_report
 from rosefast.bench.schedule import SCHEDULES
 
@@ -63,6 +64,9 @@ def build_parser():
     a("--submit-interval-ms", type=float, default=0.0)
     a("--submit-schedule", choices=SCHEDULES, default="absolute")
     a("--burstiness", type=float, default=1.0, help="gamma shape: < 1 burstier, > 1 more regular")
+    a("--submitter-priority", choices=MODES, default="auto",
+      help="the arrival loop's thread: realtime (SCHED_FIFO while it submits, so a woken submit does not wait "
+           "for a core the engine holds), normal, or auto (realtime where the OS permits it; the default)")
     a("--seed", type=int, default=0)
     a("--output-json", metavar="PATH")
     a("--plot", metavar="PATH.png")
@@ -158,6 +162,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.num_requests < 1 or args.max_new_tokens < 1 or args.prompt_repeats < 1:
         raise SystemExit("--num-requests, --max-new-tokens and --prompt-repeats must be >= 1")
+    args.submitter_priority, args.submitter_note = resolve(args.submitter_priority)
     switch = sys.getswitchinterval()
     sys.setswitchinterval(0.0005)   # the arrival loop is not kept off the GIL for 5 ms by the consumer threads
     try:
