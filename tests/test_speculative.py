@@ -90,6 +90,28 @@ def test_greedy_tokens_equal_decoding_without_speculation(tiny_llama, prompts, d
     engine.block_manager.check()
 
 
+def test_the_engine_verifies_what_its_proposer_gives_and_keeps_the_greedy_tokens(tiny_llama, prompts):
+    """The proposer is the speculator's (room for a draft model): one that knows the greedy continuation
+    (benches/speculative_ceiling.py's) has every token kept, one that is always wrong none — the tokens are the
+    same either way, batched, and the blocks exact."""
+    from benches.speculative_ceiling import RecordedContinuation
+
+    off = make_engine(tiny_llama, "off")
+    want = drive(off, {0: prompts[:3], 1: prompts[3:]}, GREEDY)
+    for proposer, all_kept in ((RecordedContinuation(prompts, want), True),
+                               (lambda seq, k: [(seq.token_ids[-1] + 1 + j) % 97 for j in range(k)], False)):
+        engine = make_engine(tiny_llama, "ngram")
+        engine.speculator.proposer = proposer
+        assert drive(engine, {0: prompts[:3], 1: prompts[3:]}, GREEDY, check=blocks_exact) == want
+        stats = engine.stats()
+        if all_kept:   # 8 proposed a step (speculative_tokens), all kept: 9 tokens a decode step
+            assert stats["spec_accepted"] == stats["spec_proposed"] >= 0.7 * sum(map(len, want))
+            assert engine.steps * 4 < off.steps
+        else:
+            assert stats["spec_proposed"] > 0 and stats["spec_accepted"] < 0.1 * stats["spec_proposed"]
+        assert engine.block_manager.num_used_blocks == 0
+
+
 def test_batches_prefix_cache_chunked_prefill_and_preemption_cross_speculative_steps(tiny_llama, prompts):
     arrivals = {0: prompts[:3], 2: prompts[3:], 5: prompts[:2]}   # the last two hit the prefix cache
     off = make_engine(tiny_llama, "off", max_num_batched_tokens=24, kv_cache_tokens=160)

@@ -24,8 +24,10 @@ token (at one stream a cheap row is worth even a likely miss; at 32 streams, whe
 token does, almost nothing is), and a step whose first extra row needs 0.95 proposes nothing. A sequence whose
 acceptance is below that pauses, then probes with one token, the pause doubling while it stays so, as it does
 after a proposal that kept nothing (what a sequence whose guesses fail costs is bounded). A proposal is also no
-longer than twice its match's length (a long match predicts further). The proposer (`NgramIndex`) is one small
-class: a draft model would be another proposer behind the same plan / record calls.
+longer than twice its match's length (a long match predicts further). The proposer is a function of the
+sequence and the most tokens it may propose (`prompt_lookup`, over the sequence's `NgramIndex`, by default):
+a draft model would be another behind the same plan / record calls (benches/speculative_ceiling.py gives one
+that proposes a recorded greedy continuation: the ceiling of any proposer on the CPU at hand).
 """
 from rosefast.engine.sequence import SequenceStatus
 
@@ -62,6 +64,12 @@ class NgramIndex:
             if p is not None:
                 return tokens[p + 1:p + 1 + min(k, MATCH_REACH * n)]
         return []
+
+
+def prompt_lookup(seq, k):
+    """The default proposer: up to k tokens that followed the latest earlier occurrence of the sequence's last
+    tokens in its prompt and output."""
+    return seq.speculation.index.propose(seq.token_ids, k)
 
 
 class SeqSpeculation:
@@ -129,10 +137,13 @@ class StepCost:
 class Speculator:
     """Chooses each decode step's proposals and keeps the counts /metrics shows."""
 
-    def __init__(self, mode, max_tokens, block_size, max_rows=64):
+    def __init__(self, mode, max_tokens, block_size, max_rows=64, proposer=prompt_lookup):
         """mode: EngineConfig.speculative (checked there); max_tokens: its speculative_tokens; max_rows: the most
-        rows a decode step may have (max_batch_size: what the engine sized its memory, and CUDA its graphs, for)."""
+        rows a decode step may have (max_batch_size: what the engine sized its memory, and CUDA its graphs, for);
+        proposer(seq, k): at most k ids of the vocabulary to verify after the sequence's last token (a wrong one
+        is only not kept)."""
         self.mode, self.max_tokens, self.block_size, self.max_rows = mode, max_tokens, block_size, max_rows
+        self.proposer = proposer
         self.proposed = self.accepted = self.steps = 0   # tokens proposed, kept; steps that verified some
         self.cost = StepCost()   # the engine's decode steps (LLMEngine._run)
 
@@ -178,7 +189,7 @@ class Speculator:
             room = min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_model_len - n - 1)
             if room <= 0:
                 continue
-            proposal = spec.index.propose(seq.token_ids, room)
+            proposal = list(self.proposer(seq, room))[:room]
             if proposal and seq.matcher is not None:   # only what the grammar takes, in order
                 proposal = proposal[:seq.matcher.validate_tokens(proposal)]
             if not proposal:
