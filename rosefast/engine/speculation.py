@@ -22,14 +22,14 @@ kept with a chance of about a^j, a its recent acceptance (per proposed token, gi
 kept); the row pays while a^j is above what the row adds to the step's time over the step's time per sequence's
 token (at one stream a cheap row is worth even a likely miss; at 32 streams, where each row costs about what a
 token does, almost nothing is), and a step whose first extra row needs 0.95 proposes nothing. A sequence whose
-acceptance is below that pauses, then probes with one token, the pause doubling while it stays so, as it does
-after a proposal that kept nothing (what a sequence whose guesses fail costs is bounded). A proposal is also no
+acceptance is below that pauses, then probes with one token, the pause doubling while it stays so (what a
+sequence whose guesses fail costs is bounded); a proposal that kept nothing only lowers its acceptance, so the
+next is shorter (a copy often resumes after one changed word: pausing there lost more than it saved). A proposal is also no
 longer than twice its match's length (a long match predicts further). The proposer is a function of the
 sequence and the most tokens it may propose (`prompt_lookup`, over the sequence's `NgramIndex`, by default):
 a draft model would be another behind the same plan / record calls (benches/speculative_ceiling.py gives one
 that proposes a recorded greedy continuation: the ceiling of any proposer on the CPU at hand).
 """
-from rosefast.engine.sequence import SequenceStatus
 
 NGRAM_MAX = 4          # the longest suffix looked up
 NGRAM_MIN = 1          # the shortest (a one-token match proposes at most 2 tokens: MATCH_REACH)
@@ -79,7 +79,7 @@ class SeqSpeculation:
     def __init__(self):
         self.index = NgramIndex()
         self.pause = 0       # auto: steps to go before it proposes again
-        self.backoff = 1     # auto: the next pause after a step that kept nothing
+        self.backoff = 1     # auto: the next pause of a sequence below the threshold (a kept token resets it)
         self.probe = False   # auto: its acceptance is below the step's threshold: at the pause's end, one token
         self.kept, self.tried = 2 * PRIOR_ACCEPT, 2.0   # decayed counts: tokens kept / tokens tried (a miss ends a try)
 
@@ -214,9 +214,6 @@ class Speculator:
         spec.verified(proposed, accepted)
         if accepted:
             spec.backoff = 1
-        elif seq.status is SequenceStatus.RUNNING:
-            spec.pause = spec.backoff
-            spec.backoff = min(2 * spec.backoff, BACKOFF_MAX)
 
     def stats(self):
         return {"spec_proposed": self.proposed, "spec_accepted": self.accepted, "spec_steps": self.steps}
