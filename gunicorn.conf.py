@@ -4,10 +4,16 @@
 bind = "127.0.0.1:8000"
 worker_class = "gevent"
 workers = 1
-worker_connections = 1000   # bounds the open connections of the worker: keep it above ROSEFAST_MAX_INFLIGHT_REQUESTS
+worker_connections = 1000   # bounds the open connections of the worker: keep it well above ROSEFAST_MAX_INFLIGHT_REQUESTS
 timeout = 120               # a heartbeat, not a request limit: long streams are fine while the hub runs
 graceful_timeout = 30       # on SIGTERM, in-flight streams get this long to finish
-keepalive = 5
+# An idle connection stays open longer than clients keep theirs pooled — httpx (the OpenAI and Anthropic SDKs) 5 s,
+# aiohttp 15 s, nginx's upstream pool (deploy/) 60 s —, so the client ends it: where the server's timeout is the
+# shorter (gunicorn's default is 5 s, httpx's expiry too), a request sent as the server closes fails with a
+# connection error. Idle connections past half of what the requests in flight leave of worker_connections are closed
+# longest idle first (server/keepalive.py), so a new client is answered at once. It also bounds how long a request's
+# headers may take to arrive.
+keepalive = 75
 preload_app = False         # the model and its threads are made in the worker, after fork
 accesslog = None            # rosefast logs its own access line per request (rosefast.access)
 loglevel = "info"
@@ -38,7 +44,10 @@ def post_worker_init(worker):
     import os
     import signal
 
+    from server.keepalive import idle_limit
+
     state = worker.rosefast_state = worker.wsgi.load().extensions["rosefast"]
+    state.connections.limit = idle_limit(worker.cfg.worker_connections, state.config.max_inflight_requests)
     state.restart_worker = lambda: os.kill(os.getpid(), signal.SIGTERM)
     state.exit_worker = os._exit   # a model that cannot load: exit(3) makes gunicorn stop with its reason
     if state.manager is not None and state.manager.load_error is not None:   # it failed before this was set

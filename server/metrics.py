@@ -75,6 +75,11 @@ class _LiveState:
         pool = self._state.grammar_pool
         for name, doc, value in GRAMMAR_POOL:
             yield CounterMetricFamily(name, doc, value=getattr(pool, value))
+        conns = self._state.connections
+        yield GaugeMetricFamily("rosefast_idle_connections", "keep-alive connections waiting for their next request",
+                                value=len(conns))
+        yield CounterMetricFamily("rosefast_idle_connections_closed", "idle keep-alive connections closed longest "
+                                  "idle first to stay within the limit", value=conns.reclaimed)
         if m is None:
             return
         stats = m.stats()
