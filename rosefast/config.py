@@ -29,7 +29,7 @@ def process_setting(name):
 
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 # the quantized linears' kernels (rosefast.models.quant_ops): the best tier this CPU runs, one tier, or torch's ops
-CPU_KERNELS = ("auto", "avx512vnni", "avxvnni", "avx2", "neon", "scalar", "torch")
+CPU_KERNELS = ("auto", "amx", "avx512vnni", "avxvnni", "avx2", "neon", "scalar", "torch")
 HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
 
 

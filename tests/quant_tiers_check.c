@@ -1,8 +1,10 @@
-/* Every tier of csrc/quant_kernels.h that this CPU runs against the portable scalar tier, on random tiles (the
- * kernels read tiles as bytes: any bytes are a valid tile) with fp16 scales and random integer sub-scales and
- * mins (their whole range, the 6-bit edges included), fp32 and bf16 activations and outputs, every format, 1,
- * 5 and 32 rows, a partial tile, an all-zero block, and a linear of three parts in three formats. Built by the suite natively and
- * with an aarch64 cross compiler (run under qemu-user) to check the NEON tier where no ARM machine is at hand.
+/* Every tier of csrc/quant_kernels.h that this CPU runs against the portable scalar tier (the AMX tier, from the
+ * rows where it takes numbers of its own (rf_quant_own_rows), against the exact sums of the weights' values), on
+ * random tiles (the kernels read tiles as bytes: any bytes are a valid tile) with fp16 scales and random integer
+ * sub-scales and mins (their whole range, the 6-bit edges included), fp32 and bf16 activations and outputs, every
+ * format, 1, 5 and 32 rows (and 77 for the AMX tier: its passes take 64), a partial tile, an all-zero block, and a
+ * linear of three parts in three formats. Built by the suite natively and with an aarch64 cross compiler (run
+ * under qemu-user) to check the NEON tier where no ARM machine is at hand.
  *
  *     quant_tiers_check [TIER ...]    exit 0: every tier agrees; 1: one does not; 2: a named tier does not run
  * Its last line is "N passed, N failed" (one per tier and case). */
@@ -11,7 +13,7 @@
 
 #include "quant_kernels.h"
 
-static const char *NAMES[RF_TIERS] = {"scalar", "avx2", "avxvnni", "avx512vnni", "neon"};
+static const char *NAMES[RF_TIERS] = {"scalar", "avx2", "avxvnni", "avx512vnni", "neon", "amx"};
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
 static uint32_t next32(void) {
@@ -36,6 +38,28 @@ static float value(const void *y, int bf16, int64_t i) {
     return f;
 }
 
+/* y [B, N] in double: the weights' own numbers (s q + m in fp32, as the scalar tier's rf_quant_rows makes them)
+ * times the activations, + bias: what the AMX tier, whose numbers are not the two digits', is checked against */
+static double *sums(const rf_qweights *parts, int nparts, const void *x, int bf16, const float *bias, int64_t B,
+                    int64_t K) {
+    int64_t N = 0, G = K / RF_QG;
+    for (int p = 0; p < nparts; p++) N += parts[p].n;
+    double *y = calloc((size_t)(B * N), sizeof *y);
+    float *w = malloc((size_t)K * 4);
+    for (int p = 0, c0 = 0; p < nparts; c0 += (int)parts[p].n, p++)
+        for (int64_t n = 0; n < parts[p].n; n++) {
+            int64_t id = n;
+            rf_quant_rows(&parts[p], &id, 1, K, w, 0);
+            for (int64_t b = 0; b < B; b++) {
+                double acc = bias[c0 + n];
+                for (int64_t k = 0; k < K; k++) acc += (double)w[k] * value(x, bf16, b * K + k);
+                y[b * N + c0 + n] = acc;
+            }
+        }
+    free(w);
+    return y;
+}
+
 int main(int argc, char **argv) {
     for (int a = 1; a < argc; a++) {
         int found = 0;
@@ -47,7 +71,7 @@ int main(int argc, char **argv) {
         }
     }
     static const int64_t shapes[][2] = {{40, 256}, {96, 768}, {576, 1536}};
-    static const int64_t batches[] = {1, 5, 32};
+    static const int64_t batches[] = {1, 5, 32, 77};
     static const char *FMT[RF_FMTS + 1] = {"Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1|Q6_K|Q5_0"};
     int passed = 0, failed = 0;
     for (int t = 1; t < RF_TIERS; t++) {
@@ -58,7 +82,7 @@ int main(int argc, char **argv) {
         double worst = 0;
         int cases = 0;
         for (int s = 0; s < 3; s++)
-            for (int bi = 0; bi < 3; bi++)
+            for (int bi = 0; bi < (t == RF_TIER_AMX ? 4 : 3); bi++)   /* 77 rows: the AMX tier's 64-row passes */
                 for (int f = 0; f <= RF_FMTS; f++)   /* the last: three parts of three formats */
                     for (int bf16 = 0; bf16 < 2; bf16++) {
                         int64_t N = shapes[s][0], K = shapes[s][1], B = batches[bi], G = K / RF_QG;
@@ -106,9 +130,11 @@ int main(int argc, char **argv) {
                         const void *xin = bf16 ? (const void *)xb : (const void *)x;
                         int rs = rf_quant_linear(RF_TIER_SCALAR, parts, nparts, bias, xin, bf16, B, K, ys, bf16);
                         int rt = rf_quant_linear(t, parts, nparts, bias, xin, bf16, B, K, yt, bf16);
+                        int own = rf_quant_own_rows(t, bf16);
+                        double *exact = own && B >= own ? sums(parts, nparts, xin, bf16, bias, B, K) : 0;
                         double big = 0, diff = 0;
                         for (int64_t i = 0; i < B * NT; i++) {
-                            double r = value(ys, bf16, i), v = value(yt, bf16, i);
+                            double r = exact ? exact[i] : value(ys, bf16, i), v = value(yt, bf16, i);
                             big = fabs(r) > big ? fabs(r) : big;
                             diff = fabs(r - v) > diff ? fabs(r - v) : diff;
                         }
@@ -124,7 +150,7 @@ int main(int argc, char **argv) {
                             passed++;
                         }
                         for (int i = 0; i < nowned; i++) free(owned[i]);
-                        free(x); free(xb); free(bias); free(ys); free(yt);
+                        free(x); free(xb); free(bias); free(ys); free(yt); free(exact);
                     }
         printf("%s: %d cases against scalar, worst relative error %.2g\n", NAMES[t], cases, worst);
     }

@@ -110,12 +110,19 @@ def test_every_tier_of_the_block_kernels_equals_the_twin(n, k, batch, dtype, tie
     bias = torch.randn(n, generator=g)
     q, d, m = quantize_q4_1(torch.randn(n, k, generator=g) * 0.05)
     q8, d8 = quantize_q8_0(torch.randn(n, k, generator=g) * 0.05)
+    kernels = quant_ops.pick(tier)
+    own = kernels.own_numbers_from(dtype)
     for tiles in (pack_tiles("q4_1", (q, d, m)), pack_tiles("q8_0", (q8, d8))):
-        got = quant_ops.pick(tier).linear(x, quant_ops.impl.Weights([tiles], bias, k))
+        weights = quant_ops.impl.Weights([tiles], bias, k)
+        got = kernels.linear(x, weights)
         want = _quant_ops_py.linear(x, _quant_ops_py.Weights([tiles], bias, k))
         assert got.dtype == dtype and got.shape == (batch, n)
         # the same integers and scales; the float sums in another order, and bf16's output rounding
         tol = 2e-5 if dtype == torch.float32 else 8e-3
+        if own is not None and batch >= own:   # the tier's own numbers (AMX): within tol of the exact sums
+            exact = x.double() @ quant_ops.impl.rows(weights, torch.arange(n), torch.float32).double().T + bias.double()
+            assert (got.double() - exact).abs().max() <= tol * exact.abs().max(), (tiles.fmt, dtype)
+            continue
         assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max(), (tiles.fmt, dtype)
         if tier != "scalar":
             scalar = quant_ops.pick("scalar").linear(x, quant_ops.impl.Weights([tiles], bias, k))
@@ -133,7 +140,7 @@ def test_the_kernel_tiers_are_named_and_a_bad_choice_is_refused_by_name():
         assert AUTO is None
         with pytest.raises(ValueError, match="need the compiled build"):
             quant_ops.pick("scalar")
-    with pytest.raises(ValueError, match="cpu_kernels must be one of auto, avx512vnni, avxvnni, avx2, neon, scalar"):
+    with pytest.raises(ValueError, match="cpu_kernels must be one of auto, amx, avx512vnni, avxvnni, avx2, neon, scalar"):
         quant_ops.pick("sse2")
     with pytest.raises(ValueError, match="cpu_kernels must be one of"):
         EngineConfig(cpu_kernels="neon9")
@@ -376,7 +383,7 @@ def test_the_c_driver_finds_every_x86_tier_equal_to_the_scalar_one(tmp_path):
         pytest.skip("no C compiler")
     run = subprocess.run([_driver("cc", tmp_path / "check")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout
-    assert all(f"{t}: 144 cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
+    assert all(f"{t}: {192 if t == 'amx' else 144} cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
     assert run.stdout.rstrip().endswith(" passed, 0 failed"), run.stdout
 
 

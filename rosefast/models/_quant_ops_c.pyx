@@ -16,13 +16,13 @@ from rosefast.config import CPU_KERNELS
 from rosefast.models import _quant_ops_py
 from rosefast.models.quant_tiles import FORMATS
 
-from quant_kernels cimport rf_qweights, rf_quant_linear, rf_quant_rows, rf_quant_tier_ok
+from quant_kernels cimport rf_qweights, rf_quant_linear, rf_quant_own_rows, rf_quant_rows, rf_quant_tier_ok
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
 cdef object I64 = torch.int64
 
-TIERS = ("scalar", "avx2", "avxvnni", "avx512vnni", "neon")   # csrc/quant_kernels.h's RF_TIER_* order
+TIERS = ("scalar", "avx2", "avxvnni", "avx512vnni", "neon", "amx")   # csrc/quant_kernels.h's RF_TIER_* order
 BEST_FIRST = tuple(k for k in CPU_KERNELS if k in TIERS)   # the settings list them best first
 
 
@@ -74,6 +74,11 @@ cdef class Tier:
 
     def __repr__(self):
         return f"<block kernels {self.name}>"
+
+    def own_numbers_from(self, dtype):
+        """The activation rows from which this tier computes with numbers of its own, not the two int8 digits' (the
+        AMX tier's bf16 tiles: other last bits), for float32 or bfloat16 activations; None: never."""
+        return rf_quant_own_rows(self.index, dtype is BF16) or None
 
     def linear(self, x, Weights weights):
         """x [B, K] float32 or bfloat16, contiguous -> [B, out_features] of x's dtype."""
