@@ -60,7 +60,7 @@ class EngineConfig:
     quantize_lm_head: str = "auto"     # the lm_head's: none, int8, int4; true: as the linears; auto: int8 when
                                        # the linears are quantized, else none (rosefast.models.quant.head_mode)
     cpu_kernels: str = "auto"          # the quantized linears' kernels: auto (the best tier this CPU runs),
-                                       # avx512vnni, avxvnni, avx2, neon, scalar (portable C), torch (torch's ops)
+                                       # amx, avx512vnni, avxvnni, avx2, neon, scalar (portable C), torch (torch's ops)
     speculative: str = "auto"          # speculative decoding by prompt lookup (rosefast.engine.speculation): auto
                                        # (where it pays: small batches, sequences whose guesses are kept), ngram
                                        # (wherever a guess is found), off

@@ -122,6 +122,10 @@ def test_every_tier_of_the_block_kernels_equals_the_twin(n, k, batch, dtype, tie
         if own is not None and batch >= own:   # the tier's own numbers (AMX): within tol of the exact sums
             exact = x.double() @ quant_ops.impl.rows(weights, torch.arange(n), torch.float32).double().T + bias.double()
             assert (got.double() - exact).abs().max() <= tol * exact.abs().max(), (tiles.fmt, dtype)
+            if dtype == torch.float32:   # and closer to them than the two digits (which bf16's rounding hides)
+                scalar = quant_ops.pick("scalar").linear(x, weights)
+                rms = lambda y: (y.double() - exact).square().mean().sqrt()   # noqa: E731
+                assert rms(got) < rms(scalar) / 2, (tiles.fmt, rms(got), rms(scalar))
             continue
         assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max(), (tiles.fmt, dtype)
         if tier != "scalar":
