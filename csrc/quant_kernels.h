@@ -757,14 +757,19 @@ RF_AMX static inline void rf_q_pairs_amx(const rf_qweights *q, int64_t g, uint32
     const int fmt = q->fmt;
     rf_q_load_avx512(fmt, q->w + g * rf_q_block_bytes(fmt), c);
     rf_q_scales_avx512(q, g, &sa, &sb, &mv);
-    const __m512i byte = _mm512_set1_epi32(0xFF), top = _mm512_set1_epi32((int)0xFFFF0000u);
-    const __m512i off = _mm512_set1_epi32(rf_q_offset(fmt));
+    const int offset = rf_q_offset(fmt);
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u), off = _mm512_set1_epi32(offset);
     const __mmask32 low_words = 0x55555555u;
+    __m512i byte[4];   /* vpshufb controls: byte b of each dword, zero-extended */
+    for (int b = 0; b < 4; b++)
+        byte[b] = _mm512_set4_epi32((int)(0x80808000u | (12 + b)), (int)(0x80808000u | (8 + b)),
+                                    (int)(0x80808000u | (4 + b)), (int)(0x80808000u | b));
     for (int k = 0; k < 8; k++) {   /* c[k]: bytes b of row j's lane are its weights 4 k + b */
         __m512 s = k < 4 ? sa : sb, f[4];
         for (int b = 0; b < 4; b++) {
-            __m512i e = b == 3 ? _mm512_srli_epi32(c[k], 24) : _mm512_and_si512(_mm512_srli_epi32(c[k], 8 * b), byte);
-            f[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(e, off)), s, mv);
+            __m512i e = _mm512_shuffle_epi8(c[k], byte[b]);
+            if (offset) e = _mm512_sub_epi32(e, off);
+            f[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(e), s, mv);
         }
         for (int h = 0; h < 2; h++) {   /* pair 2 k + h: weights 4 k + 2 h and 4 k + 2 h + 1 */
             __m512 f0 = f[2 * h], f1 = f[2 * h + 1];
