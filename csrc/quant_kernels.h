@@ -38,13 +38,15 @@
  *
  * Tiers, one build for every CPU of an architecture (each compiled with target attributes, picked at run time
  * by the caller, rf_quant_tier_ok says which this CPU runs):
+ *   RF_TIER_AMX         Sapphire Rapids and later: the AVX-512 VNNI tier below RF_AMX_MIN_ROWS_* activation
+ *                       rows, Intel's tile unit in bf16 from there (the block's values, not the two digits: below)
  *   RF_TIER_AVX512VNNI  vpdpbusd on 512 bits (Ice Lake server and later, Zen 4+)
  *   RF_TIER_AVXVNNI     the VEX vpdpbusd on 256 bits (Alder Lake and later client chips, Sapphire Rapids, Zen 5)
  *   RF_TIER_AVX2        vpmaddubsw + vpmaddwd (Haswell and later, Zen 1-3); Q8_0 with the sign trick, since
  *                       u8 x s8 pairs of 0..255 weights overflow vpmaddubsw's int16
  *   RF_TIER_NEON        sdot (aarch64 with the dot-product extension: Graviton 2+, Ampere, Apple M1+)
  *   RF_TIER_SCALAR      portable C, the reference every other tier is tested against; any CPU
- * Every tier computes the same integers; the float sums may differ in order (and the AVX-512 tier's digits
+ * Every tier but AMX's tiles computes the same integers; the float sums may differ in order (and the AVX-512 tier's digits
  * saturate at -128 where the others clamp at -127: a difference of one in the second digit, 1/254 of a step).
  * Rows (tiles) are split over OpenMP threads (torch's libgomp pool). */
 #ifndef ROSEFAST_QUANT_KERNELS_H
