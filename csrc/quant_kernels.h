@@ -46,8 +46,9 @@
  *                       u8 x s8 pairs of 0..255 weights overflow vpmaddubsw's int16
  *   RF_TIER_NEON        sdot (aarch64 with the dot-product extension: Graviton 2+, Ampere, Apple M1+)
  *   RF_TIER_SCALAR      portable C, the reference every other tier is tested against; any CPU
- * Every tier but AMX's tiles computes the same integers; the float sums may differ in order (and the AVX-512 tier's digits
- * saturate at -128 where the others clamp at -127: a difference of one in the second digit, 1/254 of a step).
+ * Every tier but AMX's tiles computes the same integers; the float sums may differ in order (and the AVX-512
+ * tier's digits saturate at -128 where the others clamp at -127: a difference of one in the second digit, 1/254 of
+ * a step).
  * Rows (tiles) are split over OpenMP threads (torch's libgomp pool). */
 #ifndef ROSEFAST_QUANT_KERNELS_H
 #define ROSEFAST_QUANT_KERNELS_H
@@ -775,13 +776,23 @@ RF_AMX static inline void rf_q_pairs_amx(const rf_qweights *q, int64_t g, uint32
         }
         for (int h = 0; h < 2; h++) {   /* pair 2 k + h: weights 4 k + 2 h and 4 k + 2 h + 1 */
             __m512 f0 = f[2 * h], f1 = f[2 * h + 1];
-            __m512i h0 = _mm512_and_si512(_mm512_castps_si512(f0), top), h1 = _mm512_and_si512(_mm512_castps_si512(f1), top);
+            __m512i h0 = _mm512_and_si512(_mm512_castps_si512(f0), top);
+            __m512i h1 = _mm512_and_si512(_mm512_castps_si512(f1), top);
             __m512i l0 = _mm512_castps_si512(_mm512_sub_ps(f0, _mm512_castsi512_ps(h0)));
             __m512i l1 = _mm512_castps_si512(_mm512_sub_ps(f1, _mm512_castsi512_ps(h1)));
-            _mm512_store_si512((void *)(hi + (2 * k + h) * 16), _mm512_mask_blend_epi16(low_words, h1, _mm512_srli_epi32(h0, 16)));
-            _mm512_store_si512((void *)(lo + (2 * k + h) * 16), _mm512_mask_blend_epi16(low_words, l1, _mm512_srli_epi32(l0, 16)));
+            _mm512_store_si512((void *)(hi + (2 * k + h) * 16),
+                               _mm512_mask_blend_epi16(low_words, h1, _mm512_srli_epi32(h0, 16)));
+            _mm512_store_si512((void *)(lo + (2 * k + h) * 16),
+                               _mm512_mask_blend_epi16(low_words, l1, _mm512_srli_epi32(l0, 16)));
         }
     }
+}
+
+/* v's 16 floats rounded to bf16 (nearest even), one to a dword's low half */
+RF_AMX static inline __m512i rf_amx_bf16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i even = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), even)), 16);
 }
 
 /* x [B, K] (fp32 or bf16) -> hi [Bp, K] bf16 (Bp: B up to a multiple of 16, the rows past B zero) and, for fp32,
@@ -794,14 +805,10 @@ RF_AMX static void rf_amx_activations(const void *x, int x_bf16, int64_t B, int6
         return;
     }
     memset(lo + B * K, 0, (size_t)((Bp - B) * K) * 2);
-    const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
     for (int64_t i = 0; i < B * K; i += 16) {   /* K is a multiple of 32 */
         __m512 v = _mm512_loadu_ps((const float *)x + i);
-        __m512i u = _mm512_castps_si512(v);
-        __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
-        __m512 r = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
-        __m512i ru = _mm512_castps_si512(r);
-        __m512i l = _mm512_srli_epi32(_mm512_add_epi32(ru, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(ru, 16), one))), 16);
+        __m512i h = rf_amx_bf16(v);
+        __m512i l = rf_amx_bf16(_mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))));
         _mm256_storeu_si256((__m256i *)(hi + i), _mm512_cvtepi32_epi16(h));
         _mm256_storeu_si256((__m256i *)(lo + i), _mm512_cvtepi32_epi16(l));
     }
