@@ -33,6 +33,7 @@ class IdleConnections:
         if self._closing:
             _try_shut(sock)
             return
+        self._idle.pop(sock, None)   # (to the end: the most recently idle)
         self._idle[sock] = None
         while self.limit is not None and len(self._idle) > self.limit:
             oldest = next(iter(self._idle))
