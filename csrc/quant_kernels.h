@@ -1066,11 +1066,13 @@ static int rf_quant_own_rows(int tier, int x_bf16) {
 
 /* y [B, N] (fp32 or bf16, + bias [N] fp32 when given) = x [B, K] (fp32 or bf16) W^T, W's rows given as `nparts`
  * parts one after another (N = their rows; each in its own format, tiles as above: a fused q|k|v whose q, k and v
- * are of three types), on `tier`; the activations' digits are made once for all parts. Returns -1 when there is
- * no memory for them, -2 when this CPU does not run the tier, -3 when the parts do not fit (a K format needs
+ * are of three types), on `tier`; the activations' digits are made once for all parts. `path_rows` (0: B) is the
+ * row count that picks the tier's path where it has two (the AMX tier: its VNNI kernels or the tiles): a
+ * speculative step's rows computed as its sequences' decode step would compute them. Returns -1 when there is no
+ * memory for the digits, -2 when this CPU does not run the tier, -3 when the parts do not fit (a K format needs
  * K % 256 == 0; at most RF_QPARTS parts). */
-static int rf_quant_linear(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
-                           int x_bf16, int64_t B, int64_t K, void *y, int y_bf16) {
+static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
+                                int x_bf16, int64_t B, int64_t K, void *y, int y_bf16, int64_t path_rows) {
     if (tier < 0 || tier >= RF_TIERS || !rf_quant_tier_ok(tier)) return -2;
     if (nparts < 1 || nparts > RF_QPARTS || K % RF_QG) return -3;
     int64_t G = K / RF_QG, first[RF_QPARTS + 1], col[RF_QPARTS], N = 0;
@@ -1084,7 +1086,7 @@ static int rf_quant_linear(int tier, const rf_qweights *parts, int nparts, const
     }
 #ifdef RF_X86_TIERS
     if (tier == RF_TIER_AMX) {
-        if (B >= rf_quant_own_rows(tier, x_bf16))
+        if ((path_rows > 0 ? path_rows : B) >= rf_quant_own_rows(tier, x_bf16))
             return rf_quant_linear_amx(parts, nparts, first, col, bias, x, x_bf16, B, K, y, y_bf16, N);
         tier = RF_TIER_AVX512VNNI;
     }
@@ -1164,6 +1166,12 @@ static int rf_quant_linear(int tier, const rf_qweights *parts, int nparts, const
     }
     if (work != (void *)local) free(work);
     return 0;
+}
+
+/* rf_quant_linear_rows with the path picked by B itself */
+static int rf_quant_linear(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
+                           int x_bf16, int64_t B, int64_t K, void *y, int y_bf16) {
+    return rf_quant_linear_rows(tier, parts, nparts, bias, x, x_bf16, B, K, y, y_bf16, 0);
 }
 
 /* rows `ids` [n] of one part's weight -> out [n, K] (fp32 or bf16): the weight's own numbers, as the format's

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
@@ -88,6 +89,41 @@ def test_greedy_tokens_equal_decoding_without_speculation(tiny_llama, prompts, d
     assert engine.steps < sum(len(w) for w in want)   # fewer steps than tokens
     assert engine.block_manager.num_used_blocks == 0
     engine.block_manager.check()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_verification_step_computes_each_row_as_its_sequences_decode_step(tiny_llama, prompts, dtype):
+    """Four sequences with four proposals each are 20 rows: on the AMX kernel tier that many rows would take the
+    tiles, whose last bits differ from the VNNI kernels' that four sequences' plain decode step runs. The
+    verification step takes its sequences' path (quant_ops.decoding), so each row's logits are bit for bit what
+    a plain decode computes (and greedy tokens the same as without speculation, at any batch)."""
+    from rosefast.engine.model_runner import SeqInput
+    from rosefast.models import quant_ops
+
+    engine = make_engine(tiny_llama, "off", dtype=dtype, quantization="int4")
+    for p in prompts[:4]:
+        engine.add_request(p, GREEDY)
+    for _ in range(3):   # the prompts' prefill, then decode steps
+        engine.step()
+    seqs = list(engine.scheduler.running)
+    assert len(seqs) == 4 and all(s.num_output_tokens > 0 for s in seqs)
+    bm = engine.block_manager
+    base = [SeqInput(s.token_ids[-1:], s.num_cached, s.block_table) for s in seqs]
+    rows = []
+    for s, b in zip(seqs, base):
+        bm.reserve(s, s.num_tokens + 4)
+        rows += [b] + [SeqInput([s.token_ids[-1]], s.num_cached + 1 + j, s.block_table) for j in range(4)]
+    with quant_ops.decoding(len(seqs)):
+        verified = engine.runner.forward(rows, False)
+    on_rows = engine.runner.forward(rows, False)   # the same rows, the path picked by their count
+    plain = engine.runner.forward(base, False)
+    for s in seqs:
+        bm.trim(s)
+    firsts = torch.arange(0, 20, 5)
+    assert torch.equal(verified[firsts], plain)
+    kernels = engine.runner.model.layers[0].down.kernels
+    if kernels is not None and kernels.own_numbers_from(getattr(torch, dtype)) is not None:   # the AMX tier here
+        assert not torch.equal(on_rows[firsts], plain)   # what the verification step would otherwise compute
 
 
 def test_the_engine_verifies_what_its_proposer_gives_and_keeps_the_greedy_tokens(tiny_llama, prompts):

@@ -19,6 +19,7 @@ from rosefast.engine.speculation import Speculator
 from rosefast.engine.stand_in import StandInRunner
 from rosefast.engine.window_blocks import WindowBlocks
 from rosefast.errors import EngineDeadError
+from rosefast.models import quant_ops
 from rosefast.models.layers import long_rope_switch
 from rosefast.models.sources import STAND_IN, resolve_model
 
@@ -293,7 +294,8 @@ class LLMEngine:
                 inputs += [SeqInput([t], base + 1 + j, seq.block_table, long, seq.window_table)
                            for j, t in enumerate(proposal)]
         masks = self._masks.start(seqs)
-        logits = self.runner.forward(inputs, False)
+        with quant_ops.decoding(len(seqs)):
+            logits = self.runner.forward(inputs, False)
         self.speculator.steps += 1
         sampler = self.runner.sampler   # plain greedy rows (the common case): every row's argmax in one pass
         greedy = sampler.greedy(logits) if masks is None and sampler.plain(seqs) else None

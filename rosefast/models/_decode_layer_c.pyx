@@ -16,12 +16,13 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 
 import torch
 
+from rosefast.models import quant_ops
 from rosefast.models.quant_tiles import FORMATS
 
 from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_gelu_tanh_mul_bf16,
                              rf_gelu_tanh_mul_f32, rf_rms_norm_bf16, rf_rms_norm_f32, rf_silu_mul_bf16,
                              rf_silu_mul_f32, rf_store_kv_bf16, rf_store_kv_f32)
-from quant_kernels cimport rf_qweights, rf_quant_linear
+from quant_kernels cimport rf_qweights, rf_quant_linear_rows
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
@@ -152,8 +153,8 @@ cdef class StepInputs:
         self.psl = _ptr(slots, I64, "slot_mapping")
 
 
-cdef inline int _linear(Linear *l, const void *x, int bf16, int64_t B, void *y) noexcept nogil:
-    return rf_quant_linear(l.tier, l.parts, l.nparts, l.bias, x, bf16, B, l.k, y, bf16)
+cdef inline int _linear(Linear *l, const void *x, int bf16, int64_t B, void *y, int64_t path_rows) noexcept nogil:
+    return rf_quant_linear_rows(l.tier, l.parts, l.nparts, l.bias, x, bf16, B, l.k, y, bf16, path_rows)
 
 
 cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
@@ -185,6 +186,7 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
     cdef uintptr_t ph = base, pqkv = ph + B * H * es, pa = pqkv + B * QKV * es, pob = pa + B * attn_n * es
     cdef uintptr_t pgu = pob + B * H * es, pact = pgu + B * 2 * I * es
     cdef Linear *lin = plan.lin
+    cdef int64_t path_rows = quant_ops.step.sequences   # a speculative step's linears as its sequences' decode's
     cdef float eps = plan.eps, scale = plan.scale
     cdef int64_t window = plan.window, b
     cdef uintptr_t qn = plan.q_norm, kn = plan.k_norm, an = plan.post_attn_norm, mn = plan.post_mlp_norm
@@ -196,7 +198,7 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
         if bf16:
             rf_rms_norm_bf16(<uint16_t *>px, <const uint16_t *>py, <const uint16_t *>plan.input_norm, <uint16_t *>ph,
                              B, H, eps)
-            rc |= _linear(&lin[0], <void *>ph, 1, B, <void *>pqkv)
+            rc |= _linear(&lin[0], <void *>ph, 1, B, <void *>pqkv, path_rows)
             if qn:
                 for b in range(B):
                     row = <uint16_t *>pqkv + b * QKV
@@ -207,22 +209,22 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
             rc |= rf_decode_attention_bf16(<const uint16_t *>pqkv, B, nh, nkv, D, <const uint16_t *>pk,
                                            <const uint16_t *>pv, pool_slots, <int>block_size, <const int64_t *>pt,
                                            width, <const int64_t *>pl, window, scale, <uint16_t *>pa)
-            rc |= _linear(&lin[1], <void *>pa, 1, B, <void *>pob)
+            rc |= _linear(&lin[1], <void *>pa, 1, B, <void *>pob, path_rows)
             if an:
                 rf_rms_norm_bf16(<uint16_t *>pob, NULL, <const uint16_t *>an, <uint16_t *>pob, B, H, eps)
             rf_rms_norm_bf16(<uint16_t *>px, <const uint16_t *>pob, <const uint16_t *>plan.post_norm, <uint16_t *>ph,
                              B, H, eps)
-            rc |= _linear(&lin[2], <void *>ph, 1, B, <void *>pgu)
+            rc |= _linear(&lin[2], <void *>ph, 1, B, <void *>pgu, path_rows)
             if gelu:
                 rf_gelu_tanh_mul_bf16(<const uint16_t *>pgu, <uint16_t *>pact, B, I)
             else:
                 rf_silu_mul_bf16(<const uint16_t *>pgu, <uint16_t *>pact, B, I)
-            rc |= _linear(&lin[3], <void *>pact, 1, B, <void *>po)
+            rc |= _linear(&lin[3], <void *>pact, 1, B, <void *>po, path_rows)
             if mn:
                 rf_rms_norm_bf16(<uint16_t *>po, NULL, <const uint16_t *>mn, <uint16_t *>po, B, H, eps)
         else:
             rf_rms_norm_f32(<float *>px, <const float *>py, <const float *>plan.input_norm, <float *>ph, B, H, eps)
-            rc |= _linear(&lin[0], <void *>ph, 0, B, <void *>pqkv)
+            rc |= _linear(&lin[0], <void *>ph, 0, B, <void *>pqkv, path_rows)
             if qn:
                 for b in range(B):
                     frow = <float *>pqkv + b * QKV
@@ -233,16 +235,16 @@ cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):
             rc |= rf_decode_attention_f32(<const float *>pqkv, B, nh, nkv, D, <const float *>pk, <const float *>pv,
                                           pool_slots, <int>block_size, <const int64_t *>pt, width,
                                           <const int64_t *>pl, window, scale, <float *>pa)
-            rc |= _linear(&lin[1], <void *>pa, 0, B, <void *>pob)
+            rc |= _linear(&lin[1], <void *>pa, 0, B, <void *>pob, path_rows)
             if an:
                 rf_rms_norm_f32(<float *>pob, NULL, <const float *>an, <float *>pob, B, H, eps)
             rf_rms_norm_f32(<float *>px, <const float *>pob, <const float *>plan.post_norm, <float *>ph, B, H, eps)
-            rc |= _linear(&lin[2], <void *>ph, 0, B, <void *>pgu)
+            rc |= _linear(&lin[2], <void *>ph, 0, B, <void *>pgu, path_rows)
             if gelu:
                 rf_gelu_tanh_mul_f32(<const float *>pgu, <float *>pact, B, I)
             else:
                 rf_silu_mul_f32(<const float *>pgu, <float *>pact, B, I)
-            rc |= _linear(&lin[3], <void *>pact, 0, B, <void *>po)
+            rc |= _linear(&lin[3], <void *>pact, 0, B, <void *>po, path_rows)
             if mn:
                 rf_rms_norm_f32(<float *>po, NULL, <const float *>mn, <float *>po, B, H, eps)
     if rc != 0:

@@ -16,7 +16,7 @@ from rosefast.config import CPU_KERNELS
 from rosefast.models import _quant_ops_py
 from rosefast.models.quant_tiles import FORMATS
 
-from quant_kernels cimport rf_qweights, rf_quant_linear, rf_quant_own_rows, rf_quant_rows, rf_quant_tier_ok
+from quant_kernels cimport rf_qweights, rf_quant_linear_rows, rf_quant_own_rows, rf_quant_rows, rf_quant_tier_ok
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
@@ -80,8 +80,9 @@ cdef class Tier:
         AMX tier's bf16 tiles: other last bits), for float32 or bfloat16 activations; None: never."""
         return rf_quant_own_rows(self.index, dtype is BF16) or None
 
-    def linear(self, x, Weights weights):
-        """x [B, K] float32 or bfloat16, contiguous -> [B, out_features] of x's dtype."""
+    def linear(self, x, Weights weights, int64_t path_rows=0):
+        """x [B, K] float32 or bfloat16, contiguous -> [B, out_features] of x's dtype. path_rows: the row count
+        that picks the tier's path where it has two (0: B; see quant_ops.step)."""
         dt = x.dtype
         if (dt is not F32 and dt is not BF16) or x.dim() != 2 or not x.is_contiguous() or not x.is_cpu:
             raise ValueError(f"quantized linear: x must be a contiguous 2-D CPU float32/bfloat16 tensor, got {dt} "
@@ -96,8 +97,8 @@ cdef class Tier:
         cdef int bf16 = dt is BF16
         cdef int rc, index = self.index
         with nogil:
-            rc = rf_quant_linear(index, weights.c, weights.nparts, weights.pbias, <const void *>px, bf16, B, K,
-                                 <void *>py, bf16)
+            rc = rf_quant_linear_rows(index, weights.c, weights.nparts, weights.pbias, <const void *>px, bf16, B, K,
+                                      <void *>py, bf16, path_rows)
         if rc == -1:
             raise MemoryError(f"quantized linear: no memory for {B} rows' activations")
         if rc != 0:

@@ -61,9 +61,9 @@ class _TiledLinear(nn.Module):
         dt = x.dtype
         if x.dim() == 2 and (dt is torch.float32 or dt is torch.bfloat16):   # the model's case: no reshaping
             # (each no-op reshape, view or .to costs 0.5-4 us here, 120 linears a step)
-            return self.kernels.linear(x.contiguous(), self.weights)
+            return self.kernels.linear(x.contiguous(), self.weights, quant_ops.step.sequences)
         x2 = x.reshape(-1, self.in_features).to(torch.bfloat16 if dt is torch.bfloat16 else torch.float32)
-        y = self.kernels.linear(x2.contiguous(), self.weights)
+        y = self.kernels.linear(x2.contiguous(), self.weights, quant_ops.step.sequences)
         return y.to(dt).view(*x.shape[:-1], self.out_features)
 
     def _bias(self, bias):

@@ -4,13 +4,35 @@ torch twin (ROSEFAST_NO_EXTENSIONS=1, and for tests).
     kernels = pick("auto")       # ROSEFAST_CPU_KERNELS: the best tier this CPU runs, a named one, or None
     weights = impl.Weights(tiles, bias, in_features)          # once: quant_tiles.Tiles, one or more parts
     if kernels is not None: y = kernels.linear(x, weights)
+    with decoding(sequences): ...   # a speculative step: its rows on the path its sequences' decode step takes
 """
 import os
+import threading
+from contextlib import contextmanager
 
 from rosefast._select import select
 from rosefast.config import CPU_KERNELS
 
 impl = select("quant_ops", package="rosefast.models")
+
+
+class _Step(threading.local):
+    sequences = 0   # 0: a linear's own row count picks its tier's path
+
+
+step = _Step()   # this thread's step, read by the quantized linears and the decode plan
+
+
+@contextmanager
+def decoding(sequences):
+    """The linears of a step that verifies speculative proposals (more rows than sequences) take the path the
+    AMX tier would take for those sequences' plain decode step (its VNNI kernels below 12 rows): each row's
+    numbers, and so greedy tokens, are then the same as without speculation."""
+    step.sequences = sequences
+    try:
+        yield
+    finally:
+        step.sequences = 0
 
 
 def pick(setting="auto"):
