@@ -133,6 +133,19 @@ def test_every_tier_of_the_block_kernels_equals_the_twin(n, k, batch, dtype, tie
             assert (got.float() - scalar.float()).abs().max() <= tol * want.float().abs().max(), (tiles.fmt, dtype)
 
 
+@pytest.mark.skipif("amx" not in TIERS, reason="this CPU runs no AMX tier (Intel Sapphire Rapids and later)")
+def test_the_row_count_that_picks_the_amx_tiers_path_can_be_the_steps_sequences():
+    """20 rows on the AMX tier take the tiles; told the step has 4 sequences (path_rows), the same rows take its
+    VNNI kernels, bit for bit the avx512vnni tier's."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(20, 576, generator=g)
+    weights = quant_ops.impl.Weights([pack_tiles("q4_1", quantize_q4_1(torch.randn(96, 576, generator=g) * 0.05))],
+                                     None, 576)
+    amx, vnni = quant_ops.pick("amx"), quant_ops.pick("avx512vnni")
+    assert torch.equal(amx.linear(x, weights, 4), vnni.linear(x, weights))
+    assert not torch.equal(amx.linear(x, weights), vnni.linear(x, weights))
+
+
 def test_the_kernel_tiers_are_named_and_a_bad_choice_is_refused_by_name():
     assert quant_ops.available()[-1] == "torch" and quant_ops.available()[:-1] == TIERS
     assert quant_ops.pick("torch") is None and block_kernels("torch") is None
