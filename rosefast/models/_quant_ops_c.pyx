@@ -1,7 +1,8 @@
 # cython: language_level=3
 """Linears on GGUF's block formats (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as C kernels
 (csrc/quant_kernels.h: integer dot products on the tier the CPU runs — AVX-512 VNNI, AVX-VNNI, AVX2, NEON or
-portable C —, the activations as two int8 digits per 32 inputs); twin: _quant_ops_py, the same arithmetic in torch.
+portable C —, the activations as two int8 digits per 32 inputs; the AMX tier's tiles, from 12 rows, on the blocks'
+values in bf16 instead); twin: _quant_ops_py, the same arithmetic in torch.
 
     weights = Weights(parts, bias, in_features)     # once, when a layer is made: parts are quant_tiles.Tiles
     kernels = tier("avx2")                          # or tier(tiers()[0]): the best here
