@@ -4,7 +4,8 @@
 
 First, planned from real models' shapes (bf16, the engine's defaults but max_batch_size): the KV memory of
 N sequences at the context in one pool against the two pools, and how many tokens of context a fixed budget
-holds either way (kv_cache.split_budget: what the engine allocates). Then measured on a tiny random Gemma 3
+holds either way (kv_cache.split_budget: what the engine allocates; a model whose every layer is windowed, on a
+budget below its windows' need: the window pool counted by the scheduler, how many whole windows it holds). Then measured on a tiny random Gemma 3
 (one local layer on a 512-position window, one global) at that context: the blocks each pool holds at its
 peak while the sequences run, and the bytes of the two pools' tensors.
 """
@@ -51,8 +52,13 @@ def planned(context, sequences, max_batch, budget):
             two = one
         whole = budget // (layer_block * args.num_layers)
         most = max_batch * -(-args.max_position_embeddings // bs)
-        held, window = split_budget(budget, layer_block, args.num_layers, windowed, need, most)
-        if windowed == args.num_layers and window == need:   # the other blocks hold no memory
+        prefill = pool_blocks(engine, args.sliding_window, running=0)   # one prefill step's blocks
+        per_sequence = pool_blocks(engine, args.sliding_window, running=1) - prefill
+        held, window, counted = split_budget(budget, layer_block, args.num_layers, windowed, need, most,
+                                             per_sequence + prefill)
+        if windowed == args.num_layers and counted:   # the window pool is the memory, the scheduler counts it
+            held = f"any; {(window - prefill) // per_sequence} whole windows at once (counted)"
+        elif windowed == args.num_layers and window == need:   # the other blocks hold no memory
             held = "any (admission alone bounds it)"
         else:
             held *= bs

@@ -109,10 +109,12 @@ def test_preemption_recomputes_a_windowed_sequence_exactly(default_model):
 
 
 def test_a_window_wider_than_the_context_served_is_sized_as_that_context(default_model):
-    """A 512-position window on a server of 64 tokens a sequence: its pool is sized for 64-token windows."""
+    """A 512-position window on a server of 64 tokens a sequence: its pool is sized for 64-token windows, and
+    never above what admission can use (two sequences of 4 blocks)."""
     engine = LLMEngine(model=tiny_random("mistral", sliding_window=512), dtype="float32", kv_cache_tokens=4096,
                        max_model_len=64, max_batch_size=2)
-    assert engine.runner.kv.window_blocks == pool_blocks(engine.config, 64) < pool_blocks(engine.config, 512)
+    assert engine.runner.kv.window_blocks == min(pool_blocks(engine.config, 64), 2 * 4)
+    assert pool_blocks(engine.config, 64) < pool_blocks(engine.config, 512) and not engine.block_manager.window.counted
 
 
 def test_a_hit_ends_where_the_window_pool_still_holds_the_blocks_before_it():
@@ -154,13 +156,77 @@ def test_a_budget_holds_more_context_when_the_window_layers_keep_only_their_wind
     layer_block = layer_bytes_per_token(args, torch.bfloat16) * 16
     budget = 64 * 8192 // 16 * layer_block * args.num_layers
     need = pool_blocks(engine, args.sliding_window)
-    blocks, window = split_budget(budget, layer_block, args.num_layers, windowed, need, 64 * 2048)
-    assert window == need < 64 * 8192 // 16 // 8
+    blocks, window, counted = split_budget(budget, layer_block, args.num_layers, windowed, need, 64 * 2048)
+    assert window == need < 64 * 8192 // 16 // 8 and not counted
     if windowed == args.num_layers:
         assert blocks == 64 * 2048 and window * layer_block * windowed <= budget
     else:
         assert blocks * layer_block * (args.num_layers - windowed) + window * layer_block * windowed <= budget
         assert blocks >= 3 * 64 * 8192 // 16
-    # a budget smaller than the windows' need: one count for both pools, the whole model's
-    assert split_budget(need * layer_block, layer_block, args.num_layers, windowed, need, 64 * 2048) == \
-        (need // args.num_layers,) * 2
+    # a budget smaller than the windows' need: one count for both pools, the whole model's (every layer windowed
+    # and holding one sequence's window and a prefill step's: all of it the window pool's, counted by the scheduler)
+    one = pool_blocks(engine, args.sliding_window, running=1)
+    assert split_budget(need * layer_block, layer_block, args.num_layers, windowed, need, 64 * 2048, one) == \
+        (need // args.num_layers,) * 2 + (False,)
+    tight = split_budget(need * layer_block * windowed // 2, layer_block, args.num_layers, windowed, need, 64 * 2048,
+                         one)
+    if windowed == args.num_layers:
+        assert tight == (64 * 2048, need // 2, True)
+    else:
+        assert tight[2] is False and tight[0] == tight[1]
+
+
+@pytest.mark.parametrize("speculative", ["off", "ngram"])
+def test_a_counted_window_pool_runs_more_sequences_than_its_tokens_would_hold(default_model, speculative):
+    """Mistral on a window of 8 (every layer windowed): 11 blocks of memory — one sequence's window with a step's
+    proposals and a prefill step's, fewer than four sequences' need (32) —, so the scheduler counts the pool.
+    Four sequences of ~50 tokens each are 200 tokens of context, over four times the 44 tokens the memory holds
+    as whole contexts (the count the pools kept before); each holds only its window, so they run side by side,
+    preempted where the pool runs short, and every output is Hugging Face's greedy tokens."""
+    model = tiny_random("mistral", sliding_window=8)
+    tok = load_tokenizer(model)
+    prompts = [tok(f"{i} {TEXT}").input_ids[:20 + 3 * i] for i in range(4)]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    want = [hf_greedy(model, p, 24) for p in prompts]
+    running, engine = [], None
+
+    def record(step, rids):
+        running.append(len(rids))
+        engine.block_manager.check()
+
+    engine = LLMEngine(model=model, dtype="float32", kv_cache_tokens=44, block_size=4, max_batch_size=4,
+                       max_num_batched_tokens=8, prefill_max_batch_size=2, speculative=speculative,
+                       before_step=record)
+    window = engine.block_manager.window
+    assert window.counted and window.num_blocks == 11 < pool_blocks(engine.config, 8)
+    assert [r["token_ids"] for r in engine.generate(prompts, params, use_tqdm=False)] == want
+    assert max(running) == 4 and sum(len(p) + 24 for p in prompts) > 4 * 44 and engine.scheduler.preemptions > 0
+    assert engine.block_manager.num_used_blocks == window.num_used_blocks == 0
+
+
+def test_a_counted_window_pool_whose_sequences_are_all_stuck_in_prefill_preempts_the_newest():
+    """Two long prompts mid-prefill hold the whole counted pool between them (a window of 16 positions: each
+    keeps its last 4 blocks) and nothing decodes: neither can go on, and no other sequence will give a block
+    back. The scheduler preempts the newest, and the oldest goes on with its chunk."""
+    from rosefast.engine.block_manager import BlockManager
+    from rosefast.engine.scheduler import Scheduler
+    from rosefast.engine.sequence import Sequence
+    from rosefast.engine.window_blocks import WindowBlocks
+
+    config = EngineConfig(model="unused", block_size=4, max_batch_size=4, max_num_batched_tokens=8,
+                          prefill_max_batch_size=2, speculative="off")
+    window = WindowBlocks(8, 4, 16, counted=True)
+    bm = BlockManager(100, 4, enable_prefix_cache=False, window=window)
+    scheduler = Scheduler(config, bm)
+    params = SamplingParams(max_tokens=4)
+    a, b = Sequence("a", list(range(100, 160)), params), Sequence("b", list(range(200, 260)), params)
+    for seq in (a, b):   # admitted, and 16 tokens of each prefilled
+        bm.allocate(seq, bm.lookup(seq))
+        scheduler.add_running(seq)
+        bm.prepare(seq, 16)
+        seq.num_cached = 16
+        bm.commit(seq)
+    assert window.num_free_blocks == 0 and window.room(a) == window.room(b) == 0
+    step = scheduler.schedule()
+    assert step.is_prefill and step.seqs == [a] and step.chunks == [8]
+    assert list(scheduler.waiting) == [b] and scheduler.preemptions == 1 and window.num_free_blocks == 2

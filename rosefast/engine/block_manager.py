@@ -127,10 +127,14 @@ class BlockManager(BlockPool):
         return found, missed, hashes
 
     def can_allocate(self, seq, hit):
-        """Whether `seq` fits now, given its `lookup` result (and a block for each choice it will fork)."""
+        """Whether `seq` fits now, given its `lookup` result (and a block for each choice it will fork; a counted
+        window pool: its hit's window blocks and one for its first new tokens)."""
         found = hit[0]
         revived = sum(1 for b in found if self.ref_counts[b] == 0)
         need = self.blocks_for(seq.num_tokens) - len(found) + revived + len(seq.fork_ids)
+        window = self.window
+        if window is not None and window.counted and window.revived(hit[2], seq) + 1 > window.num_free_blocks:
+            return False
         return need <= self.num_free_blocks
 
     def allocate(self, seq, hit):
@@ -154,12 +158,30 @@ class BlockManager(BlockPool):
         self.append_slot(seq)
 
     def can_append(self, seq):
+        """Whether the blocks up to the sequence's newest token are free (in a counted window pool too)."""
+        window = self.window
+        if window is not None and window.counted and window.blocks_to(seq, seq.num_tokens) > window.num_free_blocks:
+            return False
         return self.blocks_for(seq.num_tokens) - len(seq.block_table) <= self.num_free_blocks
 
     def append_slot(self, seq):
         """Give the sequence blocks up to its newest token."""
         while len(seq.block_table) < self.blocks_for(seq.num_tokens):
             seq.block_table.append(self._take_free())
+
+    def grow(self, seq):
+        """A decoding sequence's blocks up to its newest token (can_append said they are free): a counted window
+        pool's taken now too, so that the next sequence's check sees them gone."""
+        self.append_slot(seq)
+        if self.window is not None and self.window.counted:
+            self.window.extend(seq, seq.num_tokens)
+
+    def spare_blocks(self):
+        """The free blocks a step's proposals may take (a counted window pool's too)."""
+        window = self.window
+        if window is not None and window.counted:
+            return min(self.num_free_blocks, window.num_free_blocks)
+        return self.num_free_blocks
 
     def prepare(self, seq, num_tokens):
         """Before a step that computes the sequence's positions up to `num_tokens`: the window pool's blocks for
@@ -192,7 +214,8 @@ class BlockManager(BlockPool):
         there is no free block for it (nothing is changed then)."""
         full = parent.num_cached // self.block_size
         partial = len(parent.block_table) > full
-        if partial and not self.num_free_blocks:
+        window = self.window
+        if partial and not (self.num_free_blocks and (window is None or not window.counted or window.num_free_blocks)):
             return False
         for block in parent.block_table[:full]:
             self.ref_counts[block] += 1

@@ -73,55 +73,75 @@ def measure_cuda_budget(device, utilization, profile):
     return budget
 
 
-def split_budget(budget, layer_block, num_layers, windowed, window_need, most):
-    """(blocks, window blocks) for `budget` bytes, a layer's block taking `layer_block` of them, `windowed` of the
-    `num_layers` layers on a sliding window whose pool needs at most `window_need` blocks. The window pool is
-    that need when the budget holds it and at least as many of the other blocks (else both pools are one size,
-    the budget's whole-model count: the window layers then never hold more blocks than the others). With every
-    layer windowed the other blocks hold no memory: they only count what is admitted, `most` of them (and the
-    window pool never needs more than that)."""
+def all_windowed(whole, need, one, most):
+    """(blocks, window blocks, counted) for a model whose every layer is windowed, `whole` blocks of memory: the
+    other blocks hold no memory and only count what is admitted, `most` of them. The window pool is its `need`
+    where the memory holds it (and never more than `most`); else all of the memory, counted by the scheduler,
+    where that holds at least `one` sequence's window and a prefill step's; below that both pools are one size,
+    the memory's (the window layers then never hold more blocks than the count admits)."""
+    if need <= whole:
+        return most, min(need, most), False
+    if whole >= one:
+        return most, whole, True
+    return whole, whole, False
+
+
+def split_budget(budget, layer_block, num_layers, windowed, window_need, most, window_one=None):
+    """(blocks, window blocks, counted) for `budget` bytes, a layer's block taking `layer_block` of them,
+    `windowed` of the `num_layers` layers on a sliding window whose pool needs at most `window_need` blocks
+    (`window_one`: for one running sequence). The window pool is that need when the budget holds it and at least
+    as many of the other blocks (else both pools are one size, the budget's whole-model count: the window layers
+    then never hold more blocks than the others). Every layer windowed: all_windowed."""
     whole = max(1, budget // (layer_block * num_layers))
     if not windowed:
-        return whole, 0
-    rest = budget - window_need * layer_block * windowed
+        return whole, 0, False
     if windowed == num_layers:
-        return (most, min(window_need, most)) if rest >= 0 else (whole, whole)
+        return all_windowed(whole, window_need, window_need if window_one is None else window_one, most)
+    rest = budget - window_need * layer_block * windowed
     blocks = rest // (layer_block * (num_layers - windowed))
-    return (blocks, window_need) if blocks >= window_need else (whole, whole)
+    return (blocks, window_need, False) if blocks >= window_need else (whole, whole, False)
 
 
 def plan_blocks(config, args, dtype, device, profile=None, max_blocks_per_seq=1):
-    """(blocks, window blocks): from `kv_cache_tokens` (the blocks; the window pool its need, at most as many),
-    else on CUDA what gpu_memory_utilization leaves after `profile()`'s peak, on the CPU `kv_memory_fraction` of
-    the available RAM (split_budget). The window pool is 0 for a model with no sliding-window layer."""
+    """(blocks, window blocks, counted): from `kv_cache_tokens` (the blocks; the window pool its need, at most as
+    many — every layer windowed: all_windowed, those tokens its memory), else on CUDA what
+    gpu_memory_utilization leaves after `profile()`'s peak, on the CPU `kv_memory_fraction` of the available RAM
+    (split_budget). The window pool is 0 for a model with no sliding-window layer; `counted`: the scheduler counts
+    it (WindowBlocks)."""
     bs, layer = config.block_size, layer_bytes_per_token(args, dtype)
     windowed = windowed_layers(args)
     # (a window wider than the context served holds that context at most)
-    need = pool_blocks(config, min(args.sliding_window, max_blocks_per_seq * bs)) if windowed else 0
+    span = min(args.sliding_window, max_blocks_per_seq * bs)
+    need, one = (pool_blocks(config, span), pool_blocks(config, span, running=1)) if windowed else (0, 0)
+    most = min(config.max_batch_size, config.max_active_requests or config.max_batch_size) * max_blocks_per_seq
     if config.kv_cache_tokens:
-        blocks = max(1, -(-config.kv_cache_tokens // bs))
-        window = min(blocks, need)
+        blocks, counted = max(1, -(-config.kv_cache_tokens // bs)), False
+        if windowed and len(windowed) == args.num_layers:
+            blocks, window, counted = all_windowed(blocks, need, one, most)
+        else:
+            window = min(blocks, need)
     else:
         if device.type == "cuda":
             budget = measure_cuda_budget(device, config.gpu_memory_utilization, profile or (lambda: None))
         else:
             budget = int(available_memory() * config.kv_memory_fraction)
-        running = min(config.max_batch_size, config.max_active_requests or config.max_batch_size)
-        blocks, window = split_budget(budget, layer * bs, args.num_layers, len(windowed), need,
-                                      running * max_blocks_per_seq)
+        blocks, window, counted = split_budget(budget, layer * bs, args.num_layers, len(windowed), need, most, one)
     full = args.num_layers - len(windowed)
     log.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)", blocks, bs, blocks * bs,
              blocks * bs * layer * full / 2**20, dtype)
     if windowed:
         log.info("KV cache of the %d sliding-window layers of %d (each sequence's last %d positions): %d blocks = %d "
-                 "tokens (%.1f MiB)", len(windowed), args.num_layers, args.sliding_window, window, window * bs,
-                 window * bs * layer * len(windowed) / 2**20)
-    return blocks, window
+                 "tokens (%.1f MiB)%s", len(windowed), args.num_layers, args.sliding_window, window, window * bs,
+                 window * bs * layer * len(windowed) / 2**20,
+                 f"; fewer than every running sequence's window ({need}): the scheduler counts them" if counted
+                 else "")
+    return blocks, window, counted
 
 
 class KVCache:
-    def __init__(self, args, num_blocks, block_size, dtype, device, window_blocks=0):
-        """window_blocks: the sliding-window layers' own pool (0: every layer in the one pool)."""
+    def __init__(self, args, num_blocks, block_size, dtype, device, window_blocks=0, window_counted=False):
+        """window_blocks: the sliding-window layers' own pool (0: every layer in the one pool); window_counted:
+        smaller than every running sequence's window, so the scheduler counts it (plan_blocks)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch_block = num_blocks
@@ -132,6 +152,7 @@ class KVCache:
         self.data = torch.zeros(len(full), 2, args.num_kv_heads, num_blocks + 1, block_size, args.head_dim,
                                 dtype=dtype, device=device)
         self.window_blocks = window_blocks
+        self.window_counted = window_counted
         self.window_data = torch.zeros(len(windowed), 2, args.num_kv_heads, window_blocks + 1, block_size,
                                        args.head_dim, dtype=dtype, device=device) if windowed else None
         pools = {i: (self.data[j, 0], self.data[j, 1]) for j, i in enumerate(full)}

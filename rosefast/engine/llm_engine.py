@@ -68,8 +68,8 @@ class LLMEngine:
         self.args = self.runner.args
         self.max_model_len = self.runner.max_model_len
         kv = self.runner.kv
-        window = WindowBlocks(kv.window_blocks, self.config.block_size, self.args.sliding_window) \
-            if kv.window_blocks else None
+        window = WindowBlocks(kv.window_blocks, self.config.block_size, self.args.sliding_window,
+                              kv.window_counted) if kv.window_blocks else None
         self.block_manager = BlockManager(kv.num_blocks, self.config.block_size, self.config.enable_prefix_cache,
                                           window=window)
         self.scheduler = Scheduler(self.config, self.block_manager)
@@ -218,7 +218,7 @@ class LLMEngine:
         """The step's outputs: a decode step may verify proposals (speculation), else a plain step."""
         if not step.is_prefill and self.speculator.enabled:   # a decode step: timed, for the speculator's cost fit
             start = time.perf_counter()
-            plan = self.speculator.plan(step.seqs, self.max_model_len, self.block_manager.num_free_blocks)
+            plan = self.speculator.plan(step.seqs, self.max_model_len, self.block_manager.spare_blocks())
             outputs = self._run_speculative(step, plan) if plan else self._run_step(step)
             self.speculator.cost.observe(len(step.seqs) + sum(map(len, plan.values())), time.perf_counter() - start)
             return outputs

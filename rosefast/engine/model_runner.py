@@ -58,8 +58,9 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
         self.sampler = Sampler(self.args.vocab_size, self.device)
-        blocks, window = plan_blocks(config, self.args, self.dtype, self.device, self.profile, self.max_blocks_per_seq)
-        self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window)
+        blocks, window, counted = plan_blocks(config, self.args, self.dtype, self.device, self.profile,
+                                              self.max_blocks_per_seq)
+        self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window, counted)
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph and loaded is None:
             from rosefast.engine.cuda_graph import DecodeGraphs

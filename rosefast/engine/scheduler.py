@@ -5,7 +5,8 @@ Each step is a prefill of admitted waiting sequences (at most `prefill_max_batch
 all running sequences. After a prefill step, running decodes go next, so a long prompt never stalls
 them for more than one bounded step. When blocks run out for decode, the newest running sequence is
 preempted (its KV freed, recomputed later; its tokens and sampler state are kept, so the output is
-the same).
+the same). A counted window pool (rosefast.engine.window_blocks) is counted as well: it sizes prefill chunks
+and admits, grows and preempts as the other pool does.
 """
 import time
 from collections import deque
@@ -68,10 +69,16 @@ class Scheduler:
         seqs, chunks = [], []
         budget = self.max_num_batched_tokens
         bm = self.block_manager
+        window = bm.window if bm.window is not None and bm.window.counted else None
         # sequences already admitted whose prefill is unfinished (chunked) go first
-        for seq in self.running:
-            if seq.in_prefill and budget > 0 and len(seqs) < self.prefill_max_batch_size:
+        for seq in list(self.running):
+            if (seq.status is SequenceStatus.RUNNING and seq.in_prefill and budget > 0
+                    and len(seqs) < self.prefill_max_batch_size):
                 chunk = min(seq.num_tokens - seq.num_cached, budget)
+                if window is not None:
+                    chunk = self._window_chunk(seq, chunk, seqs)
+                    if chunk <= 0:
+                        continue
                 seqs.append(seq)
                 chunks.append(chunk)
                 budget -= chunk
@@ -88,20 +95,43 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             chunk = min(seq.num_tokens - seq.num_cached, budget)
+            if window is not None:   # (can_allocate left its first new tokens a block)
+                chunk = self._window_chunk(seq, chunk, seqs)
             seqs.append(seq)
             chunks.append(chunk)
             budget -= chunk
         return ScheduledStep(True, seqs, chunks) if seqs else None
 
+    def _window_chunk(self, seq, chunk, seqs):
+        """A counted window pool: the part of `chunk` its free blocks hold, taken now (so the next sequence's
+        room is what is left). Where none is left and nothing can give blocks back — no other sequence in this
+        step, none decoding — the newest others are preempted until there is (the pool holds one sequence's
+        window and a prefill step's: kv_cache.all_windowed)."""
+        bm, window = self.block_manager, self.block_manager.window
+        room = window.room(seq)
+        while room <= 0 and not seqs and not any(not s.in_prefill for s in self.running):
+            victim = self._newest_running(exclude=seq)
+            if victim is None:
+                break
+            self.preempt(victim)
+            room = window.room(seq)
+        chunk = min(chunk, room)
+        if chunk > 0:
+            bm.prepare(seq, seq.num_cached + chunk)
+        return chunk
+
     def _schedule_decode(self):
         bm = self.block_manager
         bs, running = bm.block_size, SequenceStatus.RUNNING
+        window = bm.window if bm.window is not None and bm.window.counted else None
         seqs, cut_short = [], []
         for seq in list(self.running):
             n = len(seq.token_ids)
             if seq.num_cached < n - 1 or seq.status is not running:   # in prefill, or preempted above
                 continue
-            if len(seq.block_table) * bs >= n:   # the common case: its newest token fits in its last block
+            # the common case: its newest token fits in its last block (and in a counted window pool's: a prefix
+            # hit up to its last token left that pool's table a block short of the other's)
+            if len(seq.block_table) * bs >= n and (window is None or len(seq.window_table) * bs >= n):
                 seqs.append(seq)
                 continue
             while not bm.can_append(seq):
@@ -114,7 +144,7 @@ class Scheduler:
                 if victim in seqs:
                     seqs.remove(victim)
             if seq.status is SequenceStatus.RUNNING:   # not preempted nor cut short above
-                bm.append_slot(seq)
+                bm.grow(seq)
                 seqs.append(seq)
         return ScheduledStep(False, seqs, [1] * len(seqs), cut_short)
 

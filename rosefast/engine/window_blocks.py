@@ -6,25 +6,34 @@ sequence's `window_table` is indexed as its block table (entry i: positions [i *
 `released` for a block that fell out of the window: given back as the sequence moves on (kept in this pool's prefix cache
 until it is evicted). Blocks are taken as the steps reach them (prepare), not for a whole prompt at admission,
 so a sequence holds at most (W + its step's new tokens) / bs + 2 of them whatever its length; the pool is sized
-for every running sequence at once (pool_blocks) and so never runs short.
+for every running sequence at once (pool_blocks) and so never runs short — or, where the budget cannot hold that
+for a model whose every layer is windowed, it is `counted`: the scheduler admits and grows sequences by its free
+blocks, as by the other pool's.
 """
 from rosefast.engine.block_manager import BlockPool
 
 
-def pool_blocks(config, window):
-    """Blocks the window pool needs at most: each running sequence's window and a decode step's new tokens
-    (speculative ones included), plus one prefill step's tokens, each span rounded out to whole blocks."""
+def pool_blocks(config, window, running=None):
+    """Blocks the window pool needs at most: each of `running` sequences' window and a decode step's new tokens
+    (speculative ones included), plus one prefill step's tokens, each span rounded out to whole blocks (running:
+    every sequence that may run at once, by default)."""
     bs = config.block_size
-    running = min(config.max_batch_size, config.max_active_requests or config.max_batch_size)
+    if running is None:
+        running = min(config.max_batch_size, config.max_active_requests or config.max_batch_size)
     proposals = config.speculative_tokens if config.speculative != "off" else 0
     per_sequence = -(-(window + 1 + proposals) // bs) + 2
     return running * per_sequence + -(-config.max_num_batched_tokens // bs) + config.prefill_max_batch_size
 
 
 class WindowBlocks(BlockPool):
-    def __init__(self, num_blocks, block_size, window):
+    def __init__(self, num_blocks, block_size, window, counted=False):
+        """counted: the pool is smaller than every running sequence's window (a model whose every layer is
+        windowed, on a budget that cannot hold them all): then the scheduler counts it, as it counts the other
+        pool — a sequence is admitted, a prefill chunk sized, a decode step grown, a proposal or a fork made only
+        where this pool has the blocks, the newest sequence preempted where it has not."""
         super().__init__(num_blocks, block_size)
         self.window = window
+        self.counted = counted
         # a released entry: the pool's scratch block (KVCache's), read only where the window's mask hides it
         self.released = num_blocks
 
@@ -59,6 +68,20 @@ class WindowBlocks(BlockPool):
             block = self._cached(hashes[i], self._block_tokens(seq, i))
             self._acquire(block)
             seq.window_table.append(block)
+
+    def blocks_to(self, seq, num_tokens):
+        """The free blocks extend(seq, num_tokens) would take."""
+        return max(0, self.blocks_for(num_tokens) - len(seq.window_table))
+
+    def room(self, seq):
+        """The tokens past those the sequence has computed that this pool's free blocks let a step compute."""
+        return (len(seq.window_table) + self.num_free_blocks) * self.block_size - seq.num_cached
+
+    def revived(self, hashes, seq):
+        """The free (cached, unreferenced) blocks allocate(seq, hashes) would take back."""
+        first = self._first_needed(len(hashes) * self.block_size)
+        return sum(1 for i in range(first, len(hashes))
+                   if self.ref_counts[self._cached(hashes[i], self._block_tokens(seq, i))] == 0)
 
     def extend(self, seq, num_tokens):
         """Blocks for the sequence's positions up to `num_tokens` (a step is about to compute them)."""
