@@ -126,14 +126,20 @@ class BlockManager(BlockPool):
                 found, hashes, missed = found[:k], hashes[:k], True
         return found, missed, hashes
 
+    @property
+    def counted_window(self):
+        """The window pool where the scheduler counts it (WindowBlocks.counted), else None."""
+        window = self.window
+        return window if window is not None and window.counted else None
+
     def can_allocate(self, seq, hit):
         """Whether `seq` fits now, given its `lookup` result (and a block for each choice it will fork; a counted
         window pool: its hit's window blocks and one for its first new tokens)."""
         found = hit[0]
         revived = sum(1 for b in found if self.ref_counts[b] == 0)
         need = self.blocks_for(seq.num_tokens) - len(found) + revived + len(seq.fork_ids)
-        window = self.window
-        if window is not None and window.counted and window.revived(hit[2], seq) + 1 > window.num_free_blocks:
+        window = self.counted_window
+        if window is not None and window.revived(hit[2], seq) + 1 > window.num_free_blocks:
             return False
         return need <= self.num_free_blocks
 
@@ -159,8 +165,8 @@ class BlockManager(BlockPool):
 
     def can_append(self, seq):
         """Whether the blocks up to the sequence's newest token are free (in a counted window pool too)."""
-        window = self.window
-        if window is not None and window.counted and window.blocks_to(seq, seq.num_tokens) > window.num_free_blocks:
+        window = self.counted_window
+        if window is not None and window.blocks_to(seq, seq.num_tokens) > window.num_free_blocks:
             return False
         return self.blocks_for(seq.num_tokens) - len(seq.block_table) <= self.num_free_blocks
 
@@ -173,15 +179,14 @@ class BlockManager(BlockPool):
         """A decoding sequence's blocks up to its newest token (can_append said they are free): a counted window
         pool's taken now too, so that the next sequence's check sees them gone."""
         self.append_slot(seq)
-        if self.window is not None and self.window.counted:
-            self.window.extend(seq, seq.num_tokens)
+        window = self.counted_window
+        if window is not None:
+            window.extend(seq, seq.num_tokens)
 
     def spare_blocks(self):
         """The free blocks a step's proposals may take (a counted window pool's too)."""
-        window = self.window
-        if window is not None and window.counted:
-            return min(self.num_free_blocks, window.num_free_blocks)
-        return self.num_free_blocks
+        window = self.counted_window
+        return self.num_free_blocks if window is None else min(self.num_free_blocks, window.num_free_blocks)
 
     def prepare(self, seq, num_tokens):
         """Before a step that computes the sequence's positions up to `num_tokens`: the window pool's blocks for
@@ -214,8 +219,8 @@ class BlockManager(BlockPool):
         there is no free block for it (nothing is changed then)."""
         full = parent.num_cached // self.block_size
         partial = len(parent.block_table) > full
-        window = self.window
-        if partial and not (self.num_free_blocks and (window is None or not window.counted or window.num_free_blocks)):
+        window = self.counted_window
+        if partial and not (self.num_free_blocks and (window is None or window.num_free_blocks)):
             return False
         for block in parent.block_table[:full]:
             self.ref_counts[block] += 1

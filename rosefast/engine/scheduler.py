@@ -69,7 +69,7 @@ class Scheduler:
         seqs, chunks = [], []
         budget = self.max_num_batched_tokens
         bm = self.block_manager
-        window = bm.window if bm.window is not None and bm.window.counted else None
+        window = bm.counted_window
         # sequences already admitted whose prefill is unfinished (chunked) go first
         for seq in list(self.running):
             if (seq.status is SequenceStatus.RUNNING and seq.in_prefill and budget > 0
@@ -107,7 +107,8 @@ class Scheduler:
         room is what is left). Where none is left and nothing can give blocks back — no other sequence in this
         step, none decoding — the newest others are preempted until there is (the pool holds one sequence's
         window and a prefill step's: kv_cache.all_windowed)."""
-        bm, window = self.block_manager, self.block_manager.window
+        bm = self.block_manager
+        window = bm.counted_window
         room = window.room(seq)
         while room <= 0 and not seqs and not any(not s.in_prefill for s in self.running):
             victim = self._newest_running(exclude=seq)
@@ -123,7 +124,7 @@ class Scheduler:
     def _schedule_decode(self):
         bm = self.block_manager
         bs, running = bm.block_size, SequenceStatus.RUNNING
-        window = bm.window if bm.window is not None and bm.window.counted else None
+        window = bm.counted_window
         seqs, cut_short = [], []
         for seq in list(self.running):
             n = len(seq.token_ids)
