@@ -1,7 +1,10 @@
 """The quantized linears' kernels, tier against tier (ROSEFAST_CPU_KERNELS), one run: microseconds per call of
 SmolLM2-135M's own linear shapes as Q4_1 (q|k|v, o, gate|up, down) and its Q8_0 head at batch 1, 8 and 32,
 each compiled tier this CPU runs beside torch's weight-only ops; the last column is one decode step's linears
-(30 layers and the head), the weights streaming from memory as in serving (not hot in cache).
+(30 layers and the head), the weights streaming from memory as in serving (not hot in cache). A tier with two
+paths (amx: its tiles from 12 rows; avx2: its fp32 FMAs from 8) has a second row at each batch from there, "(path
+of < n rows)": the same rows on the path below it (as a speculative step of fewer sequences takes), so the two
+compare.
 
     python -m benches.kernel_tiers [--batches 1,8,32] [--repeat 20]
 """
@@ -11,7 +14,7 @@ import time
 import torch
 
 from rosefast.models.quant import Int4Linear, Int8Linear, quantize_q4_1, quantize_q8_0
-from rosefast.models.quant_ops import available
+from rosefast.models.quant_ops import available, decoding, pick
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 LAYERS, VOCAB = 30, 49152
@@ -67,6 +70,17 @@ def main(argv=None):
             rows.append((tier, batch, per_op, head_us, step_ms))
             print(f"| {tier} | {batch} | " + " | ".join(f"{u:.1f}" for u in per_op) + f" | {head_us:.0f} | "
                   f"{step_ms:.2f} |", flush=True)
+            kernels = pick(tier)
+            own = kernels.own_numbers_from(torch.float32) if kernels is not None else None
+            if own is not None and batch >= own:
+                with decoding(1):   # the rows on the path below `own`
+                    per_op = [_us(lambda n=name: layers[0][n](x[n]), a.repeat) for name in SHAPES]
+                    head_us = _us(lambda: head(x["qkv"]), max(1, a.repeat // 10))
+                    step_ms = _us(step, max(1, a.repeat // 10)) / 1e3
+                label = f"{tier} (path of < {own} rows)"
+                rows.append((label, batch, per_op, head_us, step_ms))
+                print(f"| {label} | {batch} | " + " | ".join(f"{u:.1f}" for u in per_op) +
+                      f" | {head_us:.0f} | {step_ms:.2f} |", flush=True)
     return rows
 
 

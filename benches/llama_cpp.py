@@ -5,8 +5,14 @@ and tok/s side by side. llama-server is built from the vendored source of the ll
 
     python -m benches.llama_cpp --llama-server /path/to/llama-server --tokens 128 --rounds 2
     python -m benches.llama_cpp --llama-server ... --model smollm2-135m-q4_k_m.gguf    # another GGUF, both servers
+    python -m benches.llama_cpp --llama-server ... --distinct --prompt-repeats 8   # TTFT: a real prefill each time
+
+By default every request sends one prompt, so llama.cpp's TTFT reuses the KV of the one before it token by token
+(rosefast's prefix cache keeps whole 16-token blocks only); with --distinct each request's prompt starts with its own
+number, so both servers prefill the whole prompt (--prompt-repeats: that many copies of it, a longer prefill).
 """
 import argparse
+import itertools
 import os
 
 from rosefast.bench.drivers import burst_figures
@@ -16,8 +22,13 @@ from server.process import Server
 PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottle."
 
 
-def run(url, streams, tokens, temperature=0.0):
-    return burst_figures(url, [PROMPT] * streams, tokens, temperature=temperature)
+_numbers = itertools.count()
+
+
+def run(url, streams, tokens, temperature=0.0, distinct=False, repeats=1):
+    text = " ".join([PROMPT] * repeats)
+    prompts = [f"{next(_numbers)}. {text}" if distinct else text for _ in range(streams)]
+    return burst_figures(url, prompts, tokens, temperature=temperature)
 
 
 def main(argv=None):
@@ -30,6 +41,8 @@ def main(argv=None):
     p.add_argument("--quantization", default="auto", help="rosefast's ROSEFAST_QUANTIZATION")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled at it (top_p 1)")
     p.add_argument("--model", default=None, help="a .gguf both servers load (default: the embedded SmolLM2 Q4_1)")
+    p.add_argument("--distinct", action="store_true", help="each request's prompt its own (no KV reused between them)")
+    p.add_argument("--prompt-repeats", type=int, default=1, help="copies of the prompt in each request")
     a = p.parse_args(argv)
     levels = [int(c) for c in a.concurrent.split(",")]
     gguf = os.path.abspath(a.model) if a.model else str(default_gguf_path())
@@ -37,7 +50,8 @@ def main(argv=None):
     servers = {}
     try:
         servers["llama.cpp"] = Server({}, command=[a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", "{port}",
-                                                   "-c", str(slots * (a.tokens + 64)), "-np", str(slots),
+                                                   "-c", str(slots * (a.tokens + 64 + 20 * a.prompt_repeats)),
+                                                   "-np", str(slots),
                                                    "-t", str(a.threads), "--no-webui"], startup_timeout=300)
         servers["rosefast"] = Server({"ROSEFAST_QUANTIZATION": a.quantization, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 0,
                                       "ROSEFAST_GENERATION_CONFIG": "none",
@@ -48,13 +62,14 @@ def main(argv=None):
         for r in range(a.rounds):
             for c in levels:
                 for name, s in servers.items():
-                    rows.append((name, c, r, run(s.url, c, a.tokens, a.temperature)))
+                    rows.append((name, c, r, run(s.url, c, a.tokens, a.temperature, a.distinct, a.prompt_repeats)))
     finally:
         for s in servers.values():
             s.stop()
     kind = "greedy" if a.temperature == 0 else f"sampled (temperature {a.temperature:g})"
     print(f"{a.tokens} {kind} tokens per request (ignore_eos), {os.path.basename(gguf)}, {a.threads} threads; "
-          f"rosefast ROSEFAST_QUANTIZATION={a.quantization}")
+          f"rosefast ROSEFAST_QUANTIZATION={a.quantization}; prompts: {a.prompt_repeats} cop"
+          f"{'y' if a.prompt_repeats == 1 else 'ies'} of one, {'each its own' if a.distinct else 'the same for all'}")
     print("| server | concurrent | round | completed | TTFT p50 ms | ITL per event p50 / p99 ms | tok/s |")
     print("|---|---|---|---|---|---|---|")
     for name, c, r, f in rows:
@@ -66,7 +81,8 @@ def main(argv=None):
         theirs = [f for n, cc, _, f in rows if n == "llama.cpp" and cc == c]
         itl = sum(f["itl_per_event"]["p50"] for f in ours) / sum(f["itl_per_event"]["p50"] for f in theirs)
         tps = sum(f["throughput_completion_tok_s"] for f in ours) / sum(f["throughput_completion_tok_s"] for f in theirs)
-        print(f"c={c}: rosefast / llama.cpp ITL p50 {itl:.2f}x, tok/s {tps:.2f}x")
+        ttft = sum(f["ttft"]["p50"] for f in ours) / sum(f["ttft"]["p50"] for f in theirs)
+        print(f"c={c}: rosefast / llama.cpp ITL p50 {itl:.2f}x, tok/s {tps:.2f}x, TTFT p50 {ttft:.2f}x")
     return rows
 
 

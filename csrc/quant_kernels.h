@@ -43,12 +43,13 @@
  *   RF_TIER_AVX512VNNI  vpdpbusd on 512 bits (Ice Lake server and later, Zen 4+)
  *   RF_TIER_AVXVNNI     the VEX vpdpbusd on 256 bits (Alder Lake and later client chips, Sapphire Rapids, Zen 5)
  *   RF_TIER_AVX2        vpmaddubsw + vpmaddwd (Haswell and later, Zen 1-3); Q8_0 with the sign trick, since
- *                       u8 x s8 pairs of 0..255 weights overflow vpmaddubsw's int16
+ *                       u8 x s8 pairs of 0..255 weights overflow vpmaddubsw's int16; from RF_AVX2_MIN_ROWS
+ *                       activation rows fp32 FMAs on the blocks' values (below)
  *   RF_TIER_NEON        sdot (aarch64 with the dot-product extension: Graviton 2+, Ampere, Apple M1+)
  *   RF_TIER_SCALAR      portable C, the reference every other tier is tested against; any CPU
- * Every tier but AMX's tiles computes the same integers; the float sums may differ in order (and the AVX-512
- * tier's digits saturate at -128 where the others clamp at -127: a difference of one in the second digit, 1/254 of
- * a step).
+ * Every tier but AMX's tiles and AVX2's FMAs computes the same integers; the float sums may differ in order (and
+ * the AVX-512 tier's digits saturate at -128 where the others clamp at -127: a difference of one in the second
+ * digit, 1/254 of a step).
  * Rows (tiles) are split over OpenMP threads (torch's libgomp pool). */
 #ifndef ROSEFAST_QUANT_KERNELS_H
 #define ROSEFAST_QUANT_KERNELS_H
@@ -641,12 +642,15 @@ RF_AVX2 RF_INLINE256 void rf_q_scales_avx2(const rf_qweights *q, int64_t g, int 
         else RF_DOTS_U(s, t, s0, t0, o, n, 2);                                                              \
     } while (0)
 
-/* the tile on 256-bit vectors: rows 0-7 and 8-15 of each block are two halves (see the scalar tile) */
+/* the tile on 256-bit vectors: rows 0-7 and 8-15 of each block are two halves (see the scalar tile); the body is
+ * inlined for each format and row count 1-4, so that the accumulators stay in registers (with both known only at
+ * run time they lived on the stack, a store and a reload in each block's chain: one Q4_1 row took 1.66x as long) */
 #define RF_DEFINE_TILE256(V, ATTR)                                                                          \
-ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) { \
+ATTR RF_INLINE256 void rf_quant_tile_##V##_n(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb,    \
+                                           float *out, int fmt) {                                           \
     const __m256i flip = _mm256_set1_epi8((char)0x80);                                                     \
     const __m256 inv254 = _mm256_set1_ps(1.f / 254.f);                                                      \
-    const int fmt = q->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, q8 = fmt == RF_FMT_Q8_0;\
+    const int bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, q8 = fmt == RF_FMT_Q8_0;              \
     const int has_min = rf_q_has_min(fmt), per = 8 >> rf_q_planes(fmt);                                    \
     const int64_t K = a->K, G = a->G;                                                                       \
     __m256 acc[RF_QB][2];                                                                                   \
@@ -655,6 +659,7 @@ ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int6
     for (int64_t g = 0; g < G; g++) {                                                                       \
         for (int i = 0; i < bytes / 64; i++)                                                                \
             _mm_prefetch((const char *)q->w + g * bytes + RF_Q_PREFETCH + 64 * i, _MM_HINT_T0);            \
+        _Pragma("GCC unroll 2")   /* the halves unrolled: acc[bb][h] in registers */                        \
         for (int h = 0; h < 2; h++) {                                                                       \
             __m256i c[8];                                                                                   \
             __m256 sa, sb, mv;                                                                              \
@@ -662,6 +667,7 @@ ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int6
             if (q8 && RF_SIGNED_##V)                                                                        \
                 for (int i = 0; i < 8; i++) c[i] = _mm256_xor_si256(c[i], flip);                            \
             rf_q_scales_avx2(q, g, h, &sa, &sb, &mv);                                                       \
+            _Pragma("GCC unroll 4")                                                                         \
             for (int bb = 0; bb < nb; bb++) {                                                               \
                 int64_t sg = (b0 + bb) * G + g;                                                             \
                 const int32_t *w1 = (const int32_t *)(a->x1 + (b0 + bb) * K + g * RF_QG);                  \
@@ -693,6 +699,26 @@ ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int6
         _mm256_storeu_ps(out + bb * RF_QROWS, acc[bb][0]);                                                  \
         _mm256_storeu_ps(out + bb * RF_QROWS + 8, acc[bb][1]);                                              \
     }                                                                                                       \
+}                                                                                                           \
+ATTR static void rf_quant_tile_##V##_rows(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb,      \
+                                          float *out, int fmt) {                                            \
+    switch (fmt) {                                                                                          \
+    case RF_FMT_Q4_1: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q4_1); break;                         \
+    case RF_FMT_Q8_0: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q8_0); break;                         \
+    case RF_FMT_Q5_1: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q5_1); break;                         \
+    case RF_FMT_Q4_K: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q4_K); break;                         \
+    case RF_FMT_Q5_K: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q5_K); break;                         \
+    case RF_FMT_Q6_K: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q6_K); break;                         \
+    default: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q5_0); break;                                  \
+    }                                                                                                       \
+}                                                                                                           \
+ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) { \
+    switch (nb) {                                                                                           \
+    case 1: rf_quant_tile_##V##_rows(q, a, b0, 1, out, q->fmt); break;                                      \
+    case 2: rf_quant_tile_##V##_rows(q, a, b0, 2, out, q->fmt); break;                                      \
+    case 3: rf_quant_tile_##V##_rows(q, a, b0, 3, out, q->fmt); break;                                      \
+    default: rf_quant_tile_##V##_rows(q, a, b0, 4, out, q->fmt); break;                                     \
+    }                                                                                                       \
 }
 
 RF_DEFINE_TILE256(avx2, RF_AVX2)
@@ -703,6 +729,115 @@ RF_DEFINE_TILE256(avxvnni, RF_AVXVNNI)
 #undef RF_DOTS_avxvnni
 #undef RF_SIGNED_avx2
 #undef RF_SIGNED_avxvnni
+
+/* The AVX2 tier's float path: from RF_AVX2_MIN_ROWS activation rows (a decode step of many sequences, speculation's
+ * verification, a prefill) the products are fp32 FMAs on the weights' values, not the two int8 digits. On AVX2 an
+ * integer product of a digit costs three instructions (vpmaddubsw, its int16 sums, vpmaddwd: 32 products of one row
+ * in ~6.5 operations with the scaling), so the two digits make ~5 products an operation where an FMA makes 8. Per
+ * tile of 16 output rows, its blocks are made once a call into their values (s q + m in fp32, as the scalar
+ * reference computes them: v [K][16], 36 KB at K = 576) and every activation row passes over them 4 at a time (8
+ * accumulators of 8 outputs: 8 FMAs to 2 weight loads and 4 broadcasts an input; 6 rows' 12 accumulators were
+ * spilled). bf16 activations are widened to fp32 first. Its numbers are the weights' exact values times the
+ * activations, summed in fp32: closer to the exact sums than the two digits', and other last bits (about 1e-6 of the
+ * sum of |w x|), so which rows a step holds decides the path, as on the AMX tier. */
+#ifndef RF_AVX2_MIN_ROWS
+#define RF_AVX2_MIN_ROWS 8   /* from here the FMAs are level or faster (SmolLM2's shapes, 2 threads) */
+#endif
+#define RF_AVX2_PASS 4      /* activation rows a pass over a tile's values takes */
+
+/* block g of tile q -> v [32 inputs][16 rows] fp32: the weights' values */
+RF_AVX2 static inline void rf_q_values_avx2(const rf_qweights *q, int64_t g, float *v) {
+    const int fmt = q->fmt, offset = rf_q_offset(fmt);
+    const __m256i byte = _mm256_set1_epi32(0xFF), off = _mm256_set1_epi32(offset);
+    for (int h = 0; h < 2; h++) {
+        __m256i c[8];
+        __m256 sa, sb, mv;
+        /* c[k]: byte b of row j's lane is its weight 4 k + b */
+        rf_q_load_avx2(fmt, q->w + g * rf_q_block_bytes(fmt), h, c);
+        rf_q_scales_avx2(q, g, h, &sa, &sb, &mv);
+        for (int k = 0; k < 8; k++) {
+            __m256 s = k < 4 ? sa : sb;
+            for (int b = 0; b < 4; b++) {
+                __m256i e = _mm256_and_si256(_mm256_srli_epi32(c[k], 8 * b), byte);
+                if (offset) e = _mm256_sub_epi32(e, off);
+                _mm256_store_ps(v + (4 * k + b) * RF_QROWS + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(e), s, mv));
+            }
+        }
+    }
+}
+
+/* nr (<= RF_AVX2_PASS) rows of x [.., K] fp32 times a tile's values v [K][16] -> out [nr][16] */
+RF_AVX2 RF_INLINE256 void rf_fma_pass_avx2(const float *x, int64_t K, const float *v, int nr, float *out) {
+    __m256 acc[RF_AVX2_PASS][2];
+    for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < K; i++) {
+        __m256 w0 = _mm256_load_ps(v + i * RF_QROWS), w1 = _mm256_load_ps(v + i * RF_QROWS + 8);
+        for (int r = 0; r < nr; r++) {
+            __m256 xb = _mm256_broadcast_ss(x + r * K + i);
+            acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm256_storeu_ps(out + r * RF_QROWS, acc[r][0]);
+        _mm256_storeu_ps(out + r * RF_QROWS + 8, acc[r][1]);
+    }
+}
+
+/* one tile's 16 output rows (c0 .. c0 + rows of y's N columns) for every activation row; v: K x 16 floats */
+RF_AVX2 static void rf_quant_tile_fma(const rf_qweights *q, const float *x, int64_t B, int64_t K, void *y, int y_bf16,
+                                      int64_t N, int64_t c0, int rows, const float *bias, float *v) {
+    float out[RF_AVX2_PASS * RF_QROWS] __attribute__((aligned(32)));
+    for (int64_t g = 0; g < K / RF_QG; g++) rf_q_values_avx2(q, g, v + g * RF_QG * RF_QROWS);
+    for (int64_t r0 = 0; r0 < B; r0 += RF_AVX2_PASS) {
+        int nr = B - r0 < RF_AVX2_PASS ? (int)(B - r0) : RF_AVX2_PASS;
+        switch (nr) {   /* a count the compiler knows: the accumulators stay in registers */
+        case 4: rf_fma_pass_avx2(x + r0 * K, K, v, 4, out); break;
+        case 3: rf_fma_pass_avx2(x + r0 * K, K, v, 3, out); break;
+        case 2: rf_fma_pass_avx2(x + r0 * K, K, v, 2, out); break;
+        default: rf_fma_pass_avx2(x + r0 * K, K, v, 1, out); break;
+        }
+        for (int r = 0; r < nr; r++)
+            rf_q_store(y, y_bf16, (r0 + r) * N + c0, out + r * RF_QROWS, bias ? bias + c0 : 0, rows);
+    }
+}
+
+/* rf_quant_linear's AVX2 float path (its parts laid out as there: first[p] the part's first tile, col[p] its first
+ * column of N). Returns -1 when there is no memory for the widened activations or a thread's tile values. */
+RF_AVX2 static int rf_quant_linear_fma(const rf_qweights *parts, int nparts, const int64_t *first, const int64_t *col,
+                                       const float *bias, const void *x, int x_bf16, int64_t B, int64_t K, void *y,
+                                       int y_bf16, int64_t N) {
+    int64_t G = K / RF_QG, tiles = first[nparts];
+    float *xf = (float *)x;
+    if (x_bf16) {
+        if (!(xf = (float *)malloc((size_t)(B * K) * 4))) return -1;
+        const uint16_t *xb = (const uint16_t *)x;
+        for (int64_t i = 0; i < B * K; i += 8)   /* K is a multiple of 32 */
+            _mm256_storeu_ps(xf + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(xb + i))), 16)));
+    }
+    int failed = 0;
+    #pragma omp parallel if (tiles * RF_QROWS * K * B >= RF_Q_PARALLEL_MIN)
+    {
+        float *v = (float *)aligned_alloc(64, (size_t)(K * RF_QROWS) * 4);
+        if (!v) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(static)
+        for (int64_t u = 0; u < tiles; u++) {
+            int p = 0;
+            while (u >= first[p + 1]) p++;
+            int64_t t = u - first[p], n = parts[p].n;
+            rf_qweights tw = rf_q_tile_of(&parts[p], t, G);
+            int rows = n - t * RF_QROWS < RF_QROWS ? (int)(n - t * RF_QROWS) : RF_QROWS;
+            if (v) rf_quant_tile_fma(&tw, xf, B, K, y, y_bf16, N, col[p] + t * RF_QROWS, rows, bias, v);
+        }
+        free(v);
+    }
+    if (x_bf16) free(xf);
+    return failed ? -1 : 0;
+}
 
 /* The AMX tier (Intel Sapphire Rapids and later: AMX-TILE, AMX-BF16): the AVX-512 VNNI tier's kernels for up to
  * RF_AMX_MIN_ROWS_* - 1 activation rows (a decode step of a few sequences: there the weights' bytes bound the time),
@@ -1058,6 +1193,7 @@ static int rf_quant_tier_ok(int tier) {
 static int rf_quant_own_rows(int tier, int x_bf16) {
 #ifdef RF_X86_TIERS
     if (tier == RF_TIER_AMX) return x_bf16 ? RF_AMX_MIN_ROWS_BF16 : RF_AMX_MIN_ROWS_F32;
+    if (tier == RF_TIER_AVX2) return RF_AVX2_MIN_ROWS;
 #endif
     (void)tier;
     (void)x_bf16;
@@ -1090,6 +1226,8 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
             return rf_quant_linear_amx(parts, nparts, first, col, bias, x, x_bf16, B, K, y, y_bf16, N);
         tier = RF_TIER_AVX512VNNI;
     }
+    if (tier == RF_TIER_AVX2 && (path_rows > 0 ? path_rows : B) >= RF_AVX2_MIN_ROWS)
+        return rf_quant_linear_fma(parts, nparts, first, col, bias, x, x_bf16, B, K, y, y_bf16, N);
 #endif
     rf_quant_tile_fn tile = rf_quant_tile_scalar;
     void (*quantize)(const void *, int, int64_t, int8_t *, int8_t *, float *, float *, int32_t *, int32_t *) =

@@ -2,8 +2,9 @@
  * rows where it takes numbers of its own (rf_quant_own_rows), against the exact sums of the weights' values), on
  * random tiles (the kernels read tiles as bytes: any bytes are a valid tile) with fp16 scales and random integer
  * sub-scales and mins (their whole range, the 6-bit edges included), fp32 and bf16 activations and outputs, every
- * format, 1, 5 and 32 rows (and 77 for the AMX tier: its passes take 64), a partial tile, an all-zero block, and a
- * linear of three parts in three formats. Built by the suite natively and with an aarch64 cross compiler (run
+ * format, 1, 6, 7 and 31 rows (the 256-bit tiles' bodies of 1-4 rows; and 77 where a tier has a path of its own: AMX's
+ * passes take 64, AVX2's FMAs 4 rows), a partial tile, an all-zero block, and a linear of three parts in three
+ * formats. Built by the suite natively and with an aarch64 cross compiler (run
  * under qemu-user) to check the NEON tier where no ARM machine is at hand.
  *
  *     quant_tiers_check [TIER ...]    exit 0: every tier agrees; 1: one does not; 2: a named tier does not run
@@ -71,7 +72,7 @@ int main(int argc, char **argv) {
         }
     }
     static const int64_t shapes[][2] = {{40, 256}, {96, 768}, {576, 1536}};
-    static const int64_t batches[] = {1, 5, 32, 77};
+    static const int64_t batches[] = {1, 6, 7, 31, 77};   /* 6 = 4 + 2, 7 = 4 + 3 */
     static const char *FMT[RF_FMTS + 1] = {"Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1|Q6_K|Q5_0"};
     int passed = 0, failed = 0;
     for (int t = 1; t < RF_TIERS; t++) {
@@ -82,7 +83,7 @@ int main(int argc, char **argv) {
         double worst = 0;
         int cases = 0;
         for (int s = 0; s < 3; s++)
-            for (int bi = 0; bi < (t == RF_TIER_AMX ? 4 : 3); bi++)   /* 77 rows: the AMX tier's 64-row passes */
+            for (int bi = 0; bi < (rf_quant_own_rows(t, 0) ? 5 : 4); bi++)   /* 77: AMX's 64-row passes, AVX2's 4 */
                 for (int f = 0; f <= RF_FMTS; f++)   /* the last: three parts of three formats */
                     for (int bf16 = 0; bf16 < 2; bf16++) {
                         int64_t N = shapes[s][0], K = shapes[s][1], B = batches[bi], G = K / RF_QG;

@@ -35,7 +35,8 @@ def test_the_llama_cpp_comparison_runs_where_a_llama_server_is_built(capsys):
     binary = os.environ.get("ROSEFAST_LLAMA_SERVER") or shutil.which("llama-server")
     if not binary:
         pytest.skip("no llama-server built here (set ROSEFAST_LLAMA_SERVER to its path)")
-    rows = llama_cpp.main(["--llama-server", binary, "--tokens", "4", "--rounds", "1", "--concurrent", "1"])
+    rows = llama_cpp.main(["--llama-server", binary, "--tokens", "4", "--rounds", "1", "--concurrent", "1", "--distinct",
+                           "--prompt-repeats", "2"])
     assert [(name, c) for name, c, _, _ in rows] == [("llama.cpp", 1), ("rosefast", 1)]
     assert all(f["completed"] == 1 for *_, f in rows)
     assert "c=1: rosefast / llama.cpp ITL p50" in capsys.readouterr().out

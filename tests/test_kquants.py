@@ -67,7 +67,7 @@ def _tiles(kind, n, k, seed):
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("kinds", [[T.Q5_0], [T.Q5_1], [T.Q4_K], [T.Q5_K], [T.Q6_K], [T.Q4_K, T.Q6_K, T.Q5_0],
                                    [T.Q5_K, T.Q4_1]], ids=lambda ks: "|".join(k.name for k in ks))
-@pytest.mark.parametrize("batch", [1, 5, 32])
+@pytest.mark.parametrize("batch", [1, 6, 31])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_tier_equals_the_twin_on_every_format_and_mix(tier, kinds, batch, dtype):
     """Parts of 40 rows (a partial tile) and 24, each in its own format, against the twin and the scalar tier."""
@@ -88,7 +88,7 @@ def test_every_tier_equals_the_twin_on_every_format_and_mix(tier, kinds, batch, 
     assert got.shape == (batch, n) and got.dtype == dtype
     dense = torch.cat([dequantize_tiles(t) for t in tiles])
     own = kernels.own_numbers_from(dtype)
-    if own is not None and batch >= own:   # the tier's own numbers (AMX): within tol of the exact sums
+    if own is not None and batch >= own:   # the tier's own numbers (AMX's tiles, AVX2's FMAs): near the exact sums
         exact = x.double() @ dense.double().T + bias.double()
         assert (got.double() - exact).abs().max() <= rel * exact.abs().max()
     else:

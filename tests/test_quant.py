@@ -99,7 +99,7 @@ AUTO = quant_ops.pick("auto")     # the best of them, or the one ROSEFAST_CPU_KE
 
 @pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("n, k", [(40, 64), (576, 1536), (960, 576)])
-@pytest.mark.parametrize("batch", [1, 5, 32])
+@pytest.mark.parametrize("batch", [1, 6, 31])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_tier_of_the_block_kernels_equals_the_twin(n, k, batch, dtype, tier):
     """The twin is the reference; the scalar C tier computes the same integers in C, and every SIMD tier the CPU
@@ -119,7 +119,7 @@ def test_every_tier_of_the_block_kernels_equals_the_twin(n, k, batch, dtype, tie
         assert got.dtype == dtype and got.shape == (batch, n)
         # the same integers and scales; the float sums in another order, and bf16's output rounding
         tol = 2e-5 if dtype == torch.float32 else 8e-3
-        if own is not None and batch >= own:   # the tier's own numbers (AMX): within tol of the exact sums
+        if own is not None and batch >= own:   # the tier's own numbers (AMX's tiles, AVX2's FMAs): near the exact sums
             exact = x.double() @ quant_ops.impl.rows(weights, torch.arange(n), torch.float32).double().T + bias.double()
             assert (got.double() - exact).abs().max() <= tol * exact.abs().max(), (tiles.fmt, dtype)
             if dtype == torch.float32:   # and closer to them than the two digits (which bf16's rounding hides)
@@ -144,6 +144,24 @@ def test_the_row_count_that_picks_the_amx_tiers_path_can_be_the_steps_sequences(
     amx, vnni = quant_ops.pick("amx"), quant_ops.pick("avx512vnni")
     assert torch.equal(amx.linear(x, weights, 4), vnni.linear(x, weights))
     assert not torch.equal(amx.linear(x, weights), vnni.linear(x, weights))
+
+
+@pytest.mark.skipif("avx2" not in TIERS, reason="this CPU runs no AVX2 tier")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_row_count_that_picks_the_avx2_tiers_path_can_be_the_steps_sequences(dtype):
+    """20 rows on the AVX2 tier take its float path; told the step has 3 sequences (path_rows), the same rows take
+    its integer kernels, each row bit for bit what a one-row call (a one-sequence decode step) computes."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(20, 576, generator=g).to(dtype)
+    for tiles in (pack_tiles("q4_1", quantize_q4_1(torch.randn(96, 576, generator=g) * 0.05)),
+                  pack_tiles("q8_0", quantize_q8_0(torch.randn(96, 576, generator=g) * 0.05))):
+        weights = quant_ops.impl.Weights([tiles], None, 576)
+        avx2 = quant_ops.pick("avx2")
+        one_by_one = torch.cat([avx2.linear(x[i:i + 1].contiguous(), weights) for i in range(20)])
+        assert avx2.own_numbers_from(dtype) == 8
+        assert torch.equal(avx2.linear(x, weights, 3), one_by_one)
+        assert torch.equal(avx2.linear(x[:7].contiguous(), weights), one_by_one[:7])
+        assert not torch.equal(avx2.linear(x, weights), one_by_one)
 
 
 def test_the_kernel_tiers_are_named_and_a_bad_choice_is_refused_by_name():
@@ -400,7 +418,8 @@ def test_the_c_driver_finds_every_x86_tier_equal_to_the_scalar_one(tmp_path):
         pytest.skip("no C compiler")
     run = subprocess.run([_driver("cc", tmp_path / "check")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout
-    assert all(f"{t}: {192 if t == 'amx' else 144} cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
+    cases = {t: 240 if t in ("amx", "avx2") else 192 for t in TIERS}   # 77 rows too where a tier has two paths
+    assert all(f"{t}: {cases[t]} cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
     assert run.stdout.rstrip().endswith(" passed, 0 failed"), run.stdout
 
 
@@ -413,7 +432,7 @@ def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
         pytest.skip("needs Debian's gcc-aarch64-linux-gnu and qemu-user (make test installs them where apt runs)")
     binary = _driver(cross, tmp_path / "check-arm", "-static")
     run = subprocess.run([qemu, "-cpu", "max", str(binary), "neon"], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "neon: 144 cases" in run.stdout, run.stdout
-    assert run.stdout.rstrip().endswith("144 passed, 0 failed")
+    assert run.returncode == 0 and "neon: 192 cases" in run.stdout, run.stdout
+    assert run.stdout.rstrip().endswith("192 passed, 0 failed")
     old = subprocess.run([qemu, "-cpu", "cortex-a53", str(binary), "neon"], capture_output=True, text=True, timeout=60)
     assert old.returncode == 2 and "this CPU does not run it" in old.stdout   # ARMv8.0: no sdot, no NEON tier

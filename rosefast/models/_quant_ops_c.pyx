@@ -78,7 +78,8 @@ cdef class Tier:
 
     def own_numbers_from(self, dtype):
         """The activation rows from which this tier computes with numbers of its own, not the two int8 digits' (the
-        AMX tier's bf16 tiles: other last bits), for float32 or bfloat16 activations; None: never."""
+        AMX tier's bf16 tiles, the AVX2 tier's fp32 FMAs: other last bits), for float32 or bfloat16 activations;
+        None: never."""
         return rf_quant_own_rows(self.index, dtype is BF16) or None
 
     def linear(self, x, Weights weights, int64_t path_rows=0):

@@ -25,9 +25,10 @@ step = _Step()   # this thread's step, read by the quantized linears and the dec
 
 @contextmanager
 def decoding(sequences):
-    """The linears of a step that verifies speculative proposals (more rows than sequences) take the path the
-    AMX tier would take for those sequences' plain decode step (its VNNI kernels below 12 rows): each row's
-    numbers, and so greedy tokens, are then the same as without speculation."""
+    """The linears of a step that verifies speculative proposals (more rows than sequences) take the path their
+    tier would take for those sequences' plain decode step (the AMX tier's VNNI kernels below 12 rows, the AVX2
+    tier's integer ones below 8): each row's numbers, and so greedy tokens, are then the same as without
+    speculation."""
     step.sequences = sequences
     try:
         yield
