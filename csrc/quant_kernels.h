@@ -117,6 +117,19 @@ static inline rf_qweights rf_q_tile_of(const rf_qweights *q, int64_t t, int64_t 
     return r;
 }
 
+/* work unit u of a linear whose parts' tiles run one after another (first[p]: part p's first tile): its tile's
+ * weights, its part, its tile within the part and how many of the tile's 16 rows are the part's */
+static inline rf_qweights rf_q_unit(const rf_qweights *parts, const int64_t *first, int64_t u, int64_t G, int *part,
+                                    int64_t *tile, int *rows) {
+    int p = 0;
+    while (u >= first[p + 1]) p++;
+    int64_t t = u - first[p], n = parts[p].n;
+    *part = p;
+    *tile = t;
+    *rows = n - t * RF_QROWS < RF_QROWS ? (int)(n - t * RF_QROWS) : RF_QROWS;
+    return rf_q_tile_of(&parts[p], t, G);
+}
+
 static int64_t rf_quant_work_bytes(int64_t B, int64_t K) {
     return 2 * ((B * K + 63) & ~(int64_t)63) + 4 * B * (K / RF_QG) * 6;
 }
@@ -826,11 +839,9 @@ RF_AVX2 static int rf_quant_linear_fma(const rf_qweights *parts, int nparts, con
         }
         #pragma omp for schedule(static)
         for (int64_t u = 0; u < tiles; u++) {
-            int p = 0;
-            while (u >= first[p + 1]) p++;
-            int64_t t = u - first[p], n = parts[p].n;
-            rf_qweights tw = rf_q_tile_of(&parts[p], t, G);
-            int rows = n - t * RF_QROWS < RF_QROWS ? (int)(n - t * RF_QROWS) : RF_QROWS;
+            int p, rows;
+            int64_t t;
+            rf_qweights tw = rf_q_unit(parts, first, u, G, &p, &t, &rows);
             if (v) rf_quant_tile_fma(&tw, xf, B, K, y, y_bf16, N, col[p] + t * RF_QROWS, rows, bias, v);
         }
         free(v);
@@ -1033,11 +1044,9 @@ RF_AMX static int rf_quant_linear_amx(const rf_qweights *parts, int nparts, cons
         rf_amx_start();
         #pragma omp for schedule(static)
         for (int64_t u = 0; u < tiles; u++) {
-            int p = 0;
-            while (u >= first[p + 1]) p++;
-            int64_t t = u - first[p], n = parts[p].n;
-            rf_qweights tw = rf_q_tile_of(&parts[p], t, G);
-            int rows = n - t * RF_QROWS < RF_QROWS ? (int)(n - t * RF_QROWS) : RF_QROWS;
+            int p, rows;
+            int64_t t;
+            rf_qweights tw = rf_q_unit(parts, first, u, G, &p, &t, &rows);
             if (B <= RF_AMX_CHUNK || pairs)
                 rf_quant_tile_amx(&tw, ahi, alo, B, K, y, y_bf16, N, col[p] + t * RF_QROWS, rows, bias, pairs);
         }
