@@ -130,6 +130,29 @@ static inline rf_qweights rf_q_unit(const rf_qweights *parts, const int64_t *fir
     return rf_q_tile_of(&parts[p], t, G);
 }
 
+/* A SIMD tile's body is compiled once for each format and activation row count (1 .. RF_QB): with both known only
+ * at run time the compiler kept its accumulators in memory (a store and a reload in each block's chain). CALL(f, n)
+ * runs the body for the format and rows given at run time. */
+#define RF_BY_FORMAT(fmt, CALL, n) do {                                                                  \
+        switch (fmt) {                                                                                   \
+        case RF_FMT_Q4_1: CALL(RF_FMT_Q4_1, n); break;                                                   \
+        case RF_FMT_Q8_0: CALL(RF_FMT_Q8_0, n); break;                                                   \
+        case RF_FMT_Q5_1: CALL(RF_FMT_Q5_1, n); break;                                                   \
+        case RF_FMT_Q4_K: CALL(RF_FMT_Q4_K, n); break;                                                   \
+        case RF_FMT_Q5_K: CALL(RF_FMT_Q5_K, n); break;                                                   \
+        case RF_FMT_Q6_K: CALL(RF_FMT_Q6_K, n); break;                                                   \
+        default: CALL(RF_FMT_Q5_0, n); break;                                                            \
+        }                                                                                                \
+    } while (0)
+#define RF_BY_SHAPE(fmt, nb, CALL) do {                                                                  \
+        switch (nb) {                                                                                    \
+        case 1: RF_BY_FORMAT(fmt, CALL, 1); break;                                                       \
+        case 2: RF_BY_FORMAT(fmt, CALL, 2); break;                                                       \
+        case 3: RF_BY_FORMAT(fmt, CALL, 3); break;                                                       \
+        default: RF_BY_FORMAT(fmt, CALL, 4); break;                                                      \
+        }                                                                                                \
+    } while (0)
+
 static int64_t rf_quant_work_bytes(int64_t B, int64_t K) {
     return 2 * ((B * K + 63) & ~(int64_t)63) + 4 * B * (K / RF_QG) * 6;
 }
@@ -401,9 +424,11 @@ RF_VNNI static inline void rf_q_scales_avx512(const rf_qweights *q, int64_t g, _
 
 /* one tile of rows against activation rows b0 .. b0 + nb (nb <= RF_QB) -> out [nb, 16] (see the scalar tile);
  * the stored offsets (rf_q_offset) undone by the activations' integer sums */
-RF_VNNI static void rf_quant_tile_avx512(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) {
+RF_VNNI static inline __attribute__((always_inline)) void rf_quant_tile_avx512_n(const rf_qweights *q,
+                                                                               const rf_qacts *a, int64_t b0, int nb,
+                                                                               float *out, int fmt) {
     __m512 acc[RF_QB];
-    const int fmt = q->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, off = rf_q_offset(fmt);
+    const int bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, off = rf_q_offset(fmt);
     const int has_min = rf_q_has_min(fmt), per_block = !rf_q_kformat(fmt);
     const int8_t *x1 = a->x1, *x2 = a->x2;
     const int64_t K = a->K, G = a->G;
@@ -450,16 +475,23 @@ RF_VNNI static void rf_quant_tile_avx512(const rf_qweights *q, const rf_qacts *a
     }
     for (int bb = 0; bb < nb; bb++) _mm512_storeu_ps(out + bb * RF_QROWS, acc[bb]);
 }
+RF_VNNI static void rf_quant_tile_avx512(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) {
+#define RF_TILE512(f, n) rf_quant_tile_avx512_n(q, a, b0, n, out, f)
+    RF_BY_SHAPE(q->fmt, nb, RF_TILE512);
+#undef RF_TILE512
+}
 #undef RF_DOT8
 #undef RF_DOT4
 #undef RF_XB
 
 /* two adjacent tiles of one part at once (any format but Q6_K): each activation word is broadcast once for
  * both tiles' vpdpbusd (a broadcast per product held this CPU's vpdpbusd rate to ~2/3 of its peak) */
-RF_VNNI static void rf_quant_tile2_avx512(const rf_qweights *q0, const rf_qweights *q1, const rf_qacts *a, int64_t b0,
-                                          int nb, float *out0, float *out1) {
+RF_VNNI static inline __attribute__((always_inline)) void rf_quant_tile2_avx512_n(const rf_qweights *q0,
+                                                                                const rf_qweights *q1,
+                                                                                const rf_qacts *a, int64_t b0, int nb,
+                                                                                float *out0, float *out1, int fmt) {
     __m512 acc0[RF_QB], acc1[RF_QB];
-    const int fmt = q0->fmt, bytes = rf_q_block_bytes(fmt), off = rf_q_offset(fmt), has_min = rf_q_has_min(fmt);
+    const int bytes = rf_q_block_bytes(fmt), off = rf_q_offset(fmt), has_min = rf_q_has_min(fmt);
     const int64_t K = a->K, G = a->G;
     const __m512 inv254 = _mm512_set1_ps(1.f / 254.f);
     for (int bb = 0; bb < nb; bb++) acc0[bb] = acc1[bb] = _mm512_setzero_ps();
@@ -515,6 +547,12 @@ RF_VNNI static void rf_quant_tile2_avx512(const rf_qweights *q0, const rf_qweigh
         _mm512_storeu_ps(out0 + bb * RF_QROWS, acc0[bb]);
         _mm512_storeu_ps(out1 + bb * RF_QROWS, acc1[bb]);
     }
+}
+RF_VNNI static void rf_quant_tile2_avx512(const rf_qweights *q0, const rf_qweights *q1, const rf_qacts *a, int64_t b0,
+                                          int nb, float *out0, float *out1) {
+#define RF_TILE512(f, n) rf_quant_tile2_avx512_n(q0, q1, a, b0, n, out0, out1, f)
+    RF_BY_SHAPE(q0->fmt, nb, RF_TILE512);
+#undef RF_TILE512
 }
 
 #define RF_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -655,9 +693,8 @@ RF_AVX2 RF_INLINE256 void rf_q_scales_avx2(const rf_qweights *q, int64_t g, int 
         else RF_DOTS_U(s, t, s0, t0, o, n, 2);                                                              \
     } while (0)
 
-/* the tile on 256-bit vectors: rows 0-7 and 8-15 of each block are two halves (see the scalar tile); the body is
- * inlined for each format and row count 1-4, so that the accumulators stay in registers (with both known only at
- * run time they lived on the stack, a store and a reload in each block's chain: one Q4_1 row took 1.66x as long) */
+/* the tile on 256-bit vectors: rows 0-7 and 8-15 of each block are two halves (see the scalar tile); its body for
+ * each format and row count (RF_BY_SHAPE: as one function, one Q4_1 row took 1.66x as long) */
 #define RF_DEFINE_TILE256(V, ATTR)                                                                          \
 ATTR RF_INLINE256 void rf_quant_tile_##V##_n(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb,    \
                                            float *out, int fmt) {                                           \
@@ -713,30 +750,17 @@ ATTR RF_INLINE256 void rf_quant_tile_##V##_n(const rf_qweights *q, const rf_qact
         _mm256_storeu_ps(out + bb * RF_QROWS + 8, acc[bb][1]);                                              \
     }                                                                                                       \
 }                                                                                                           \
-ATTR static void rf_quant_tile_##V##_rows(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb,      \
-                                          float *out, int fmt) {                                            \
-    switch (fmt) {                                                                                          \
-    case RF_FMT_Q4_1: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q4_1); break;                         \
-    case RF_FMT_Q8_0: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q8_0); break;                         \
-    case RF_FMT_Q5_1: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q5_1); break;                         \
-    case RF_FMT_Q4_K: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q4_K); break;                         \
-    case RF_FMT_Q5_K: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q5_K); break;                         \
-    case RF_FMT_Q6_K: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q6_K); break;                         \
-    default: rf_quant_tile_##V##_n(q, a, b0, nb, out, RF_FMT_Q5_0); break;                                  \
-    }                                                                                                       \
-}                                                                                                           \
 ATTR static void rf_quant_tile_##V(const rf_qweights *q, const rf_qacts *a, int64_t b0, int nb, float *out) { \
-    switch (nb) {                                                                                           \
-    case 1: rf_quant_tile_##V##_rows(q, a, b0, 1, out, q->fmt); break;                                      \
-    case 2: rf_quant_tile_##V##_rows(q, a, b0, 2, out, q->fmt); break;                                      \
-    case 3: rf_quant_tile_##V##_rows(q, a, b0, 3, out, q->fmt); break;                                      \
-    default: rf_quant_tile_##V##_rows(q, a, b0, 4, out, q->fmt); break;                                     \
-    }                                                                                                       \
+    RF_BY_SHAPE(q->fmt, nb, RF_TILE256_##V);                                                                \
 }
 
+#define RF_TILE256_avx2(f, n) rf_quant_tile_avx2_n(q, a, b0, n, out, f)
+#define RF_TILE256_avxvnni(f, n) rf_quant_tile_avxvnni_n(q, a, b0, n, out, f)
 RF_DEFINE_TILE256(avx2, RF_AVX2)
 RF_DEFINE_TILE256(avxvnni, RF_AVXVNNI)
 #undef RF_DEFINE_TILE256
+#undef RF_TILE256_avx2
+#undef RF_TILE256_avxvnni
 #undef RF_DOTS_avx2
 #undef RF_DOTS_U
 #undef RF_DOTS_avxvnni
