@@ -55,10 +55,10 @@ def main(argv=None):
     rows = []
     for tier in a.tiers.split(","):
         layers, head = _layers(tier, a.vocab)
+        kernels = pick(tier)
+        own = kernels.own_numbers_from(torch.float32) if kernels is not None else None
         for batch in (int(b) for b in a.batches.split(",")):
             x = {name: torch.randn(batch, k) for name, (_, k) in SHAPES.items()}
-            per_op = [_us(lambda n=name: layers[0][n](x[n]), a.repeat) for name in SHAPES]
-            head_us = _us(lambda: head(x["qkv"]), max(1, a.repeat // 10))
 
             def step():
                 for layer in layers:
@@ -66,21 +66,18 @@ def main(argv=None):
                         layer[name](x[name])
                 head(x["qkv"])
 
-            step_ms = _us(step, max(1, a.repeat // 10)) / 1e3
-            rows.append((tier, batch, per_op, head_us, step_ms))
-            print(f"| {tier} | {batch} | " + " | ".join(f"{u:.1f}" for u in per_op) + f" | {head_us:.0f} | "
-                  f"{step_ms:.2f} |", flush=True)
-            kernels = pick(tier)
-            own = kernels.own_numbers_from(torch.float32) if kernels is not None else None
-            if own is not None and batch >= own:
-                with decoding(1):   # the rows on the path below `own`
-                    per_op = [_us(lambda n=name: layers[0][n](x[n]), a.repeat) for name in SHAPES]
-                    head_us = _us(lambda: head(x["qkv"]), max(1, a.repeat // 10))
-                    step_ms = _us(step, max(1, a.repeat // 10)) / 1e3
-                label = f"{tier} (path of < {own} rows)"
+            def measure(label):
+                per_op = [_us(lambda n=name: layers[0][n](x[n]), a.repeat) for name in SHAPES]
+                head_us = _us(lambda: head(x["qkv"]), max(1, a.repeat // 10))
+                step_ms = _us(step, max(1, a.repeat // 10)) / 1e3
                 rows.append((label, batch, per_op, head_us, step_ms))
-                print(f"| {label} | {batch} | " + " | ".join(f"{u:.1f}" for u in per_op) +
-                      f" | {head_us:.0f} | {step_ms:.2f} |", flush=True)
+                print(f"| {label} | {batch} | " + " | ".join(f"{u:.1f}" for u in per_op) + f" | {head_us:.0f} | "
+                      f"{step_ms:.2f} |", flush=True)
+
+            measure(tier)
+            if own is not None and batch >= own:
+                with decoding(1):   # the same rows on the path below `own`
+                    measure(f"{tier} (path of < {own} rows)")
     return rows
 
 

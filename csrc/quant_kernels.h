@@ -777,9 +777,7 @@ RF_DEFINE_TILE256(avxvnni, RF_AVXVNNI)
  * spilled). bf16 activations are widened to fp32 first. Its numbers are the weights' exact values times the
  * activations, summed in fp32: closer to the exact sums than the two digits', and other last bits (about 1e-6 of the
  * sum of |w x|), so which rows a step holds decides the path, as on the AMX tier. */
-#ifndef RF_AVX2_MIN_ROWS
 #define RF_AVX2_MIN_ROWS 8   /* from here the FMAs are level or faster (SmolLM2's shapes, 2 threads) */
-#endif
 #define RF_AVX2_PASS 4      /* activation rows a pass over a tile's values takes */
 
 /* block g of tile q -> v [32 inputs][16 rows] fp32: the weights' values */
@@ -1254,13 +1252,12 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
         first[p + 1] = first[p] + (parts[p].n + RF_QROWS - 1) / RF_QROWS;
     }
 #ifdef RF_X86_TIERS
-    if (tier == RF_TIER_AMX) {
-        if ((path_rows > 0 ? path_rows : B) >= rf_quant_own_rows(tier, x_bf16))
-            return rf_quant_linear_amx(parts, nparts, first, col, bias, x, x_bf16, B, K, y, y_bf16, N);
-        tier = RF_TIER_AVX512VNNI;
-    }
-    if (tier == RF_TIER_AVX2 && (path_rows > 0 ? path_rows : B) >= RF_AVX2_MIN_ROWS)
-        return rf_quant_linear_fma(parts, nparts, first, col, bias, x, x_bf16, B, K, y, y_bf16, N);
+    /* a tier with a path of its own (rf_quant_own_rows) takes it from its row count */
+    int own = rf_quant_own_rows(tier, x_bf16);
+    if (own && (path_rows > 0 ? path_rows : B) >= own)
+        return (tier == RF_TIER_AMX ? rf_quant_linear_amx : rf_quant_linear_fma)(parts, nparts, first, col, bias, x,
+                                                                                 x_bf16, B, K, y, y_bf16, N);
+    if (tier == RF_TIER_AMX) tier = RF_TIER_AVX512VNNI;   /* below its tiles: the VNNI kernels */
 #endif
     rf_quant_tile_fn tile = rf_quant_tile_scalar;
     void (*quantize)(const void *, int, int64_t, int8_t *, int8_t *, float *, float *, int32_t *, int32_t *) =
