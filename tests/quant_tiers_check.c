@@ -130,25 +130,29 @@ int main(int argc, char **argv) {
                         for (int64_t i = 0; i < NT; i++) bias[i] = uniform();
                         const void *xin = bf16 ? (const void *)xb : (const void *)x;
                         int rs = rf_quant_linear(RF_TIER_SCALAR, parts, nparts, bias, xin, bf16, B, K, ys, bf16);
-                        int rt = rf_quant_linear(t, parts, nparts, bias, xin, bf16, B, K, yt, bf16);
-                        int own = rf_quant_own_rows(t, bf16);
-                        double *exact = own && B >= own ? sums(parts, nparts, xin, bf16, bias, B, K) : 0;
-                        double big = 0, diff = 0;
-                        for (int64_t i = 0; i < B * NT; i++) {
-                            double r = exact ? exact[i] : value(ys, bf16, i), v = value(yt, bf16, i);
-                            big = fabs(r) > big ? fabs(r) : big;
-                            diff = fabs(r - v) > diff ? fabs(r - v) : diff;
-                        }
-                        double tol = bf16 ? 8e-3 : 2e-5, rel = big > 0 ? diff / big : diff;
-                        worst = rel > worst ? rel : worst;
-                        cases++;
-                        if (rs || rt || rel > tol) {
-                            failed++;
-                            printf("FAILED %s: N=%lld K=%lld B=%lld %s %s: rc %d/%d, max error %.3g of %.3g\n", NAMES[t],
-                                   (long long)NT, (long long)K, (long long)B, FMT[f], bf16 ? "bf16" : "fp32", rs, rt,
-                                   diff, big);
-                        } else {
-                            passed++;
+                        int own = rf_quant_own_rows(t, bf16), two = own && B >= own;
+                        double *exact = two ? sums(parts, nparts, xin, bf16, bias, B, K) : 0;
+                        /* where the rows pick the tier's own path, the same rows on its other path too (path_rows 1:
+                         * a one-sequence step's), against the scalar tier */
+                        for (int other = 0; other <= two; other++) {
+                            int rt = rf_quant_linear_rows(t, parts, nparts, bias, xin, bf16, B, K, yt, bf16, other);
+                            double big = 0, diff = 0;
+                            for (int64_t i = 0; i < B * NT; i++) {
+                                double r = exact && !other ? exact[i] : value(ys, bf16, i), v = value(yt, bf16, i);
+                                big = fabs(r) > big ? fabs(r) : big;
+                                diff = fabs(r - v) > diff ? fabs(r - v) : diff;
+                            }
+                            double tol = bf16 ? 8e-3 : 2e-5, rel = big > 0 ? diff / big : diff;
+                            worst = rel > worst ? rel : worst;
+                            cases++;
+                            if (rs || rt || rel > tol) {
+                                failed++;
+                                printf("FAILED %s: N=%lld K=%lld B=%lld%s %s %s: rc %d/%d, max error %.3g of %.3g\n",
+                                       NAMES[t], (long long)NT, (long long)K, (long long)B, other ? " (path of 1 row)" : "",
+                                       FMT[f], bf16 ? "bf16" : "fp32", rs, rt, diff, big);
+                            } else {
+                                passed++;
+                            }
                         }
                         for (int i = 0; i < nowned; i++) free(owned[i]);
                         free(x); free(xb); free(bias); free(ys); free(yt); free(exact);
