@@ -186,8 +186,11 @@ static int rf_decode_attention_##S(const T *qkv, int64_t B, int nh, int nkv, int
     int failed = 0;                                                                                      \
     void (*attend)(const T *, int, int, const T *, const T *, const int64_t *, int64_t, int64_t, int,    \
                    float, T *, float *) = rf_attend_one_##S;                                              \
-    if (RF_HAVE_AVX512_KERNELS && D % 16 == 0 && D <= 256 && rf_cpu_has_avx512())                       \
+    int isa = rf_attention_isa();                                                                        \
+    if (isa == 2 && D % 16 == 0 && D <= 256)                                                             \
         attend = rf_attend_avx512_##S;                                                                   \
+    else if (isa >= 1 && D % 8 == 0 && D <= 256)                                                         \
+        attend = rf_attend_avx2_##S;                                                                     \
     _Pragma("omp parallel if (work >= RF_PARALLEL_MIN) reduction(|:failed)")                             \
     {                                                                                                    \
         float *buf = (float *)malloc(sizeof(float) * (G * (max_len + 2 * D) + D));                             \
@@ -238,6 +241,27 @@ static void rf_gelu_tanh_mul_##S(const T *gate_up, T *out, int64_t rows, int64_t
 #define rf_attend_avx512_f32 rf_attend_one_f32
 #define rf_attend_avx512_bf16 rf_attend_one_bf16
 #endif
+#include "attention_avx2.h"
+#if !RF_HAVE_AVX2_KERNELS
+#define rf_att_cpu_has_avx2() 0
+#define rf_attend_avx2_f32 rf_attend_one_f32
+#define rf_attend_avx2_bf16 rf_attend_one_bf16
+#endif
+
+/* The decode attention's kernel: 2 AVX-512, 1 AVX2, 0 the portable C — the widest this CPU runs, or the one a
+ * tier forced by ROSEFAST_CPU_KERNELS stays within (avx2, avxvnni: AVX2; scalar, neon: the portable C), so one
+ * variable runs a whole suite on one tier's code (the other small kernels are compiled for every ISA level and
+ * take the CPU's own, target_clones). Read once. */
+static int rf_attention_isa(void) {
+    static int isa = -1;
+    if (isa < 0) {
+        const char *t = getenv("ROSEFAST_CPU_KERNELS");
+        int limit = t && (!strcmp(t, "avx2") || !strcmp(t, "avxvnni")) ? 1
+                    : t && (!strcmp(t, "scalar") || !strcmp(t, "neon")) ? 0 : 2;
+        isa = limit >= 2 && rf_cpu_has_avx512() ? 2 : limit >= 1 && rf_att_cpu_has_avx2() ? 1 : 0;
+    }
+    return isa;
+}
 
 RF_DEFINE_KERNELS(f32, float)
 RF_DEFINE_KERNELS(bf16, uint16_t)

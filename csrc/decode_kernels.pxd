@@ -19,6 +19,7 @@ cdef extern from "decode_kernels.h" nogil:
                                  const uint16_t *vpool, int64_t pool_slots, int block_size,
                                  const int64_t *block_tables, int64_t width, const int64_t *context_lens,
                                  int64_t window, float scale, uint16_t *out)
+    int rf_attention_isa()
     void rf_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)
     void rf_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t n)
     void rf_gelu_tanh_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)

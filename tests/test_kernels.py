@@ -1,5 +1,9 @@
 """The compiled layer kernels against their torch twin, op by op, and the whole model on each flavour."""
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,6 +138,26 @@ def test_decode_attention_over_a_sliding_window_matches_twin(compiled, dtype):
     whole = twin.decode_attention(qkv, H, Hkv, kc, vc, fresh(), D ** -0.5)
     assert torch.equal(ours[:3], compiled.decode_attention(qkv, H, Hkv, kc, vc, fresh(), D ** -0.5)[:3])
     assert all(not close(ours[i:i + 1], whole[i:i + 1], dtype) for i in (3, 4))   # the window binds there
+
+
+@pytest.mark.parametrize("forced, kernel", [("avx2", "avx2"), ("scalar", "portable")])
+def test_a_forced_tiers_decode_attention_is_its_own_kernel_and_matches_the_twin(compiled, forced, kernel):
+    """ROSEFAST_CPU_KERNELS keeps the decode attention to the forced tier's code (avx2: the AVX2 kernel an
+    AVX2-only CPU runs, here too; scalar: the portable C): in a process so set, the kernel is that one and this
+    file's decode attention tests pass on it (every shape: D = 24 and 80 take the AVX2 kernel, not AVX-512's)."""
+    from rosefast.models import quant_ops
+
+    if forced not in quant_ops.impl.tiers():
+        pytest.skip(f"this CPU does not run the {forced} tier")
+    env = {**os.environ, "ROSEFAST_CPU_KERNELS": forced}
+    probe = subprocess.run([sys.executable, "-c", "from rosefast.models import _kernels_c as k; "
+                            "print(k.attention_kernel())"], env=env, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.strip() == kernel, probe.stderr
+    root = Path(__file__).parent.parent
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                          str(Path(__file__).relative_to(root)), "-k", "decode_attention and not forced"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-3000:]
 
 
 def test_decode_attention_large_batch_runs_parallel_and_matches(compiled):

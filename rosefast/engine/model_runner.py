@@ -11,6 +11,7 @@ import torch
 from rosefast.device import resolve_device, resolve_dtype, upload, use_device
 from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampler import Sampler
+from rosefast.models import kernels
 from rosefast.models.kernels import GatherWorkspace
 from rosefast.models.layers import AttentionMetadata, long_rope_switch, rope_index
 from rosefast.models.loader import fill_linears, load_model
@@ -83,8 +84,9 @@ class ModelRunner:
             pack_linears(self.model, batch_hint=config.max_batch_size)
             if hasattr(self.model, "plan_decode_layers"):
                 refused = self.model.plan_decode_layers()
-                log.info("decode steps: %s", "one call per layer (the linears on the block kernels)"
-                         if refused is None else f"per op ({refused})")
+                log.info("decode steps: %s; decode attention: %s", "one call per layer (the linears on the block "
+                         "kernels)" if refused is None else f"per op ({refused})",
+                         kernels.for_device(self.device, self.dtype).attention_kernel())
             size, count = weight_bytes(self.model)
             log.info("weights: %.1f MB, %.2f bytes per weight (%s, quantization %s)", size / 1e6, size / count,
                      self.dtype, config.quantization)

@@ -10,8 +10,8 @@ import torch
 
 from rosefast.models._kernels_py import decode_shapes
 
-from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_rms_norm_bf16, rf_rms_norm_f32,
-                             rf_gelu_tanh_mul_bf16, rf_gelu_tanh_mul_f32, rf_silu_mul_bf16, rf_silu_mul_f32,
+from decode_kernels cimport (rf_attention_isa, rf_decode_attention_bf16, rf_decode_attention_f32, rf_rms_norm_bf16,
+                             rf_rms_norm_f32, rf_gelu_tanh_mul_bf16, rf_gelu_tanh_mul_f32, rf_silu_mul_bf16, rf_silu_mul_f32,
                              rf_store_kv_bf16, rf_store_kv_f32)
 
 FOLLOWS_CONTEXT = True     # decode reads each row's blocks in place, up to its context length
@@ -85,6 +85,12 @@ def store_kv(qkv, int num_heads, int num_kv_heads, slots, k_cache, v_cache, cos=
         else:
             rf_store_kv_f32(<float *>pq, tokens, num_heads, num_kv_heads, D, <int64_t *>ps, <float *>pc,
                             <float *>pn, <float *>pk, <float *>pv, pool_slots)
+
+
+def attention_kernel():
+    """Which decode attention runs: "avx512", "avx2" or "portable" (the widest this CPU has, or the one the tier
+    ROSEFAST_CPU_KERNELS forces stays within: csrc/decode_kernels.h, rf_attention_isa)."""
+    return ("portable", "avx2", "avx512")[rf_attention_isa()]
 
 
 def decode_attention(qkv, int num_heads, int num_kv_heads, k_cache, v_cache, meta, float scale, int64_t window=0):

@@ -104,6 +104,11 @@ def _gather_buffers(meta, k_cache, nblocks):
     return meta.workspace.buffers(shape, k_cache.dtype, k_cache.device)
 
 
+def attention_kernel():
+    """Which decode attention runs: torch's ops here (the compiled flavour names its C kernel)."""
+    return "torch"
+
+
 def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, window=0):
     """Gather each (head, sequence) context from the pools, then GQA groups of queries as matmul rows; with a
     `window`, each query sees its sequence's last `window` positions only."""

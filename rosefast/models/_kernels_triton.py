@@ -261,6 +261,11 @@ def supports(k_cache):
     return bs & (bs - 1) == 0 and k_cache.stride()[1:] == (bs * D, D, 1)
 
 
+def attention_kernel():
+    """Which decode attention runs: this module's Triton kernel (torch's ops where it does not take a cache)."""
+    return "triton"
+
+
 def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, window=0):
     decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta)
     if qkv.stride(-1) != 1 or not supports(k_cache):
