@@ -7,7 +7,8 @@
  * formats. Built by the suite natively and with an aarch64 cross compiler (run
  * under qemu-user) to check the NEON tier where no ARM machine is at hand.
  *
- *     quant_tiers_check [TIER ...]    exit 0: every tier agrees; 1: one does not; 2: a named tier does not run
+ *     quant_tiers_check [--quick] [TIER ...]    exit 0: every tier agrees; 1: one does not; 2: a named tier does
+ *                                               not run (--quick: the two smaller shapes and 1-31 rows)
  * Its last line is "N passed, N failed" (one per tier and case). */
 #include <stdio.h>
 #include <string.h>
@@ -62,7 +63,12 @@ static double *sums(const rf_qweights *parts, int nparts, const void *x, int bf1
 }
 
 int main(int argc, char **argv) {
+    int quick = 0;   /* --quick: the two smaller shapes and 1-31 rows (under an x86 emulator) */
     for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--quick")) {
+            quick = 1;
+            continue;
+        }
         int found = 0;
         for (int t = 0; t < RF_TIERS; t++)
             if (!strcmp(argv[a], NAMES[t])) found = rf_quant_tier_ok(t) ? 1 : -1;
@@ -82,8 +88,8 @@ int main(int argc, char **argv) {
         }
         double worst = 0;
         int cases = 0;
-        for (int s = 0; s < 3; s++)
-            for (int bi = 0; bi < (rf_quant_own_rows(t, 0) ? 5 : 4); bi++)   /* 77: AMX's 64-row passes, AVX2's 4 */
+        for (int s = 0; s < (quick ? 2 : 3); s++)
+            for (int bi = 0; bi < (rf_quant_own_rows(t, 0) && !quick ? 5 : 4); bi++)   /* 77: AMX's 64-row passes, AVX2's 4 */
                 for (int f = 0; f <= RF_FMTS; f++)   /* the last: three parts of three formats */
                     for (int bf16 = 0; bf16 < 2; bf16++) {
                         int64_t N = shapes[s][0], K = shapes[s][1], B = batches[bi], G = K / RF_QG;

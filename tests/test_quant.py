@@ -1,8 +1,11 @@
 """Weight-only quantized linears (ROSEFAST_QUANTIZATION): GGUF Q4_1 blocks taken as they are, the ops against
 F.linear on their own dequantized weights, and the whole model against the unquantized one."""
+import json
 import os
+import platform
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -438,3 +441,56 @@ def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
     assert run.stdout.rstrip().endswith("192 passed, 0 failed")
     old = subprocess.run([qemu, "-cpu", "cortex-a53", str(binary), "neon"], capture_output=True, text=True, timeout=60)
     assert old.returncode == 2 and "this CPU does not run it" in old.stdout   # ARMv8.0: no sdot, no NEON tier
+
+
+# what an AVX2-only CPU gets, run under the emulator: its tiers, its decode attention, and both against the twins
+ZEN3_PROBE = """
+import json, torch
+from rosefast.models import _kernels_c, _kernels_py, _quant_ops_py, quant_ops
+from rosefast.models.quant_tiles import pack_tiles
+from tests.test_kernels import decode_case
+from rosefast.models.quant import quantize_q4_1
+from rosefast.models.layers import AttentionMetadata
+qkv, kc, vc, meta = decode_case(9, 3, 64, torch.float32, [1, 5, 37])
+fresh = lambda: AttentionMetadata(False, None, meta.block_tables, context_lens=meta.context_lens)
+att = (_kernels_c.decode_attention(qkv, 9, 3, kc, vc, fresh(), 0.125)
+       - _kernels_py.decode_attention(qkv, 9, 3, kc, vc, fresh(), 0.125)).abs().max().item()
+g = torch.Generator().manual_seed(0)
+x = torch.randn(5, 256, generator=g)   # the integer path (its tile of many rows): the twin's digits
+tiles = pack_tiles("q4_1", quantize_q4_1(torch.randn(64, 256, generator=g) * 0.05))
+want = _quant_ops_py.linear(x, _quant_ops_py.Weights([tiles], None, 256))
+got = quant_ops.pick("auto").linear(x, quant_ops.impl.Weights([tiles], None, 256))
+print(json.dumps({"tiers": quant_ops.available(), "attention": _kernels_c.attention_kernel(),
+                  "torch": torch.backends.cpu.get_cpu_capability(), "attention_error": att,
+                  "linear_error": ((got - want).abs().max() / want.abs().max()).item()}))
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="emulates an x86-64 CPU on an x86-64 one")
+def test_an_avx2_only_cpu_under_emulation_runs_the_avx2_tier_and_attention(tmp_path):
+    """No AVX2-only machine here: QEMU's user-mode emulator as an AMD EPYC Milan (Zen 3: AVX2, FMA, F16C; no
+    AVX-512, no VNNI) runs the kernels' C driver — the avx2 tier against the scalar one on both its paths, the
+    AVX-512 tiers refused; one AVX-512 instruction in the AVX2 code would stop it — and Python: the tiers, decode
+    attention and torch capability such a CPU gets, and the AVX2 attention and linear against their twins."""
+    qemu = shutil.which("qemu-x86_64")
+    if not TIERS:
+        pytest.skip("the pure-Python flavour: no kernels to emulate")
+    if qemu is None or shutil.which("cc") is None:
+        pytest.skip("needs Debian's qemu-user (make test installs it where apt runs) and a C compiler")
+    zen3 = [qemu, "-cpu", "EPYC-Milan"]
+    run = subprocess.run(zen3 + [str(_driver("cc", tmp_path / "check")), "--quick"], capture_output=True, text=True,
+                         timeout=600)
+    if "avx2: not run by this CPU" in run.stdout:
+        pytest.skip("this QEMU does not emulate AVX2 (it came in QEMU 7.2)")
+    assert run.returncode == 0 and run.stdout.rstrip().endswith("160 passed, 0 failed"), run.stdout
+    assert "avx2: 160 cases" in run.stdout
+    assert all(f"{t}: not run by this CPU" in run.stdout for t in ("avxvnni", "avx512vnni", "amx"))
+    root = Path(__file__).parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in ("ROSEFAST_CPU_KERNELS", "ATEN_CPU_CAPABILITY")}
+    probe = subprocess.run(zen3 + [sys.executable, "-c", ZEN3_PROBE], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    got = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert got["tiers"] == ["avx2", "scalar", "torch"] and got["attention"] == "avx2" and got["torch"] == "AVX2"
+    assert got["attention_error"] < 1e-5 and got["linear_error"] < 2e-5, got
+
