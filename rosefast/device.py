@@ -28,13 +28,22 @@ def is_fatal_device_error(exc):
         ("cuda error" in message and any(s in message for s in _STICKY))
 
 
+def cuda_available():
+    """Whether this process has a GPU (one name for it, which the fake-CUDA checks answer as a GPU machine)."""
+    return torch.cuda.is_available()
+
+
 def resolve_device(name):
+    """The engine's device, a GPU always with its index: "cuda" (and "auto" on a GPU machine) is the
+    process's current GPU, since setting a thread's current device takes an index."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if cuda_available() else "cpu"
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type == "cuda" and not cuda_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available on this machine")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
         raise ValueError(f"device {name!r} requested but this machine has {torch.cuda.device_count()} CUDA "
                          f"device(s) (cuda:0..cuda:{torch.cuda.device_count() - 1})")
     return device
@@ -51,7 +60,8 @@ def host_values(values, dtype, device):
     """A CPU tensor of `values` to copy onto `device`: pinned when that is a GPU, so the copy does not wait
     for the work already queued there (a pageable copy is staged synchronously)."""
     host = values.to(dtype) if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
-    return host.pin_memory() if device.type == "cuda" and torch.cuda.is_available() else host
+    real = device.type == "cuda" and cuda_available() and torch._guards.detect_fake_mode() is None
+    return host.pin_memory() if real else host   # a fake tensor (tracing, the FakeTensorMode checks) has no memory
 
 
 def copy_in(dst, src):

@@ -10,12 +10,14 @@ import subprocess
 import sys
 import traceback
 
+import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from rosefast import device
 from rosefast.config import EngineConfig
 from rosefast.engine.cuda_graph import ladder, pick, width_ladder
 from rosefast.engine.llm_engine import LLMEngine
@@ -58,8 +60,15 @@ class OpDevices(TorchDispatchMode):
         return out
 
 
+def as_on_a_gpu_machine(monkeypatch):
+    """rosefast sees a GPU, as it does where these checks run under a CUDA torch (the device check's
+    machine): the branches taken for a real GPU (pinned host buffers) meet the fake mode."""
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
+
+
 @pytest.fixture(params=["twin", "triton"])
 def cuda_flavour(request, monkeypatch):
+    as_on_a_gpu_machine(monkeypatch)
     if request.param == "triton":
         pytest.importorskip("triton")
         flavour = importlib.import_module("rosefast.models._kernels_triton")
@@ -186,6 +195,7 @@ def test_the_kv_budget_is_a_share_of_total_gpu_memory_after_the_peak():
 def test_the_check_catches_a_cpu_tensor_and_a_host_sync(tiny_llama, monkeypatch):
     """The harness itself: a step that mixes in a CPU tensor, or reads a value on the host, fails under it."""
     fake_cuda.enable()
+    as_on_a_gpu_machine(monkeypatch)
     monkeypatch.setattr(kernels, "_cuda", [kernels.reference])
     mode = FakeTensorMode()
     runner = fake_runner(tiny_llama, mode)
@@ -306,9 +316,17 @@ def test_decode_values_pad_rows_to_the_scratch_block(tiny_llama):
 
 # -- the Triton decode kernel against the twin (Triton's interpreter, on CPU tensors) ----------------------
 
+def _release(version):
+    return tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+
+
 def test_triton_decode_and_prefill_attention_equal_the_twins():
     """In a fresh interpreter: TRITON_INTERPRET must be set before Triton is first imported."""
-    pytest.importorskip("triton")
+    triton = pytest.importorskip("triton")
+    if _release(triton.__version__) < (3, 9) and _release(np.__version__) >= (2, 5):
+        pytest.skip(f"Triton {triton.__version__}'s interpreter turns a loaded loop bound into an int with int() of "
+                    f"a one-element array, which numpy {np.__version__} refuses (Triton 3.9's squeezes it first; "
+                    "seen on the device check's machine, where the compiled kernels run instead)")
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-m", "tests.triton_decode_check"], env=env, capture_output=True,
                           text=True, timeout=300, cwd=pathlib.Path(__file__).parent.parent)

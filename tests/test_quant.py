@@ -20,13 +20,13 @@ from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models.args import load_model_args
 from rosefast.models.llama import llama_state_dict
 from rosefast.models import load_hf_model
-from rosefast.models.loader import read_hf_state_dict
+from rosefast.models.loader import load_model, read_hf_state_dict
 from rosefast.models import _quant_ops_py, quant_ops
 from rosefast.models.tiny import tiny_random
 from rosefast.models.gguf_blocks import (GROUP, dequantize_q4_1, dequantize_q8_0, gguf_blocks, unpack_q4_1,
                                          unpack_q8_0)
 from rosefast.models.quant import (Int4Linear, Int8Linear, block_kernels, check_mode, head_mode, quantize_int8,
-                                   quantize_q4_1, quantize_q8_0, weight_bytes)
+                                   quantize_linears, quantize_q4_1, quantize_q8_0, weight_bytes)
 from rosefast.models.quant_tiles import pack_tiles, unpack_tiles
 from rosefast.models.sources import gguf_source
 from tests.gguf_writer import write_gguf
@@ -288,6 +288,17 @@ def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, ti
         assert isinstance(engine.runner.model.lm_head, Int8Linear) is want
 
 
+def test_auto_on_a_gpu_keeps_the_dtype_without_reading_the_file(tiny_llama, tmp_path):
+    """auto serves a GGUF's blocks on CPU only: on another device the file is not read for them (the device
+    check's first GPU run read a placeholder GGUF here and failed every engine built on it)."""
+    model, _ = load_model(tiny_llama, torch.float32, "cpu")
+    model = model.to("meta")   # a device other than the CPU
+    placeholder = tmp_path / "model.gguf"
+    placeholder.write_bytes(b"GGUF stub, not a model")
+    assert quantize_linears(model, "auto", placeholder) == (0, None)
+    assert not any(isinstance(m, (Int4Linear, Int8Linear)) for m in model.modules())
+
+
 def test_the_lm_head_setting():
     assert [head_mode(setting, linears) for setting, linears in (
         ("auto", "int4"), ("auto", "int8"), ("auto", "none"), ("true", "int4"), ("none", "int4"), ("int4", "int8"))] \
@@ -353,9 +364,6 @@ def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(layout, default_m
     """The blocks come out in our model's row order for each family's file layout (Llama's and Mistral's q/k rows
     reordered by llama.cpp's converter, the Qwen and Gemma families' not, Phi-3's q|k|v and gate|up fused; a
     partial rotary's pairs placed as the model places them at load)."""
-    from rosefast.models.loader import load_model
-    from rosefast.models.quant import quantize_linears
-
     model = tiny_random(layout.split("-")[0], **FILE_LAYOUTS[layout])
     path = tmp_path / "q8_0.gguf"
     args, hf = _write_gguf(path, model)
@@ -382,9 +390,6 @@ def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(layout, default_m
 
 
 def test_q4_0_linears_in_a_gguf_are_q4_1_blocks_with_m_minus_8_d(tiny_llama, tmp_path):
-    from rosefast.models.loader import load_model
-    from rosefast.models.quant import quantize_linears
-
     path = tmp_path / "q4_0.gguf"
     args, _ = _write_gguf(path, tiny_llama, gguf.GGMLQuantizationType.Q4_0)
     blocks = gguf_blocks(path, args)

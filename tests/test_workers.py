@@ -10,6 +10,7 @@ import pytest
 import requests
 import torch
 
+from rosefast import device
 from rosefast.device import resolve_device
 from server.config import ConfigError, server_config_from_env
 from tests.serving import Server, tiny_env
@@ -29,6 +30,17 @@ def test_worker_placeholder_in_the_device():
 def test_a_gpu_index_past_the_machine_is_refused_by_name():
     with pytest.raises(ValueError, match="'cuda:1' requested but"):
         resolve_device("cuda:1")
+
+
+def test_a_gpu_without_an_index_is_the_current_one(monkeypatch):
+    """Setting the engine thread's GPU takes an index: "cuda" and "auto" on a GPU machine name one (the
+    device check's first GPU run failed every CUDA test on `torch.cuda.set_device(torch.device("cuda"))`)."""
+    monkeypatch.setattr(device, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda") == resolve_device("auto") == torch.device("cuda", 0)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("cpu") == torch.device("cpu")
 
 
 def _workers(server, count, timeout=120):

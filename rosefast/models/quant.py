@@ -289,13 +289,13 @@ def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, k
     `cache_dir` for the next start); "auto" is the file's own blocks, whatever their formats, when every linear
     is in one the kernels take, else nothing; `kernels`: a cpu_kernels setting. Returns (layers replaced,
     source)."""
-    if mode == "none":
+    if mode == "none" or (mode == "auto" and model.norm.device.type != "cpu"):   # auto on a GPU: its dtype
         return 0, None
     kernels = block_kernels(kernels)
     from_file = cached_tiles(gguf_path, model.args, cache_dir) if gguf_path is not None else None
     own = {"q4_1": "int4", "q8_0": "int8", "blocks": "blocks"}.get(from_file["linears"]) if from_file else None
     if mode == "auto":
-        if own is None or model.norm.device.type != "cpu":
+        if own is None:
             return 0, None
         mode = own
     count = 0
