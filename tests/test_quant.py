@@ -227,32 +227,38 @@ def _follow(model, dtype, mode, head, kernels="auto"):
 
 
 def _against(base, run):
-    """(greedy agreement, mean loglikelihood gap per token) of `run` against `base`."""
+    """(greedy agreement, mean loglikelihood gap per token, mean |gap| per token) of `run` against `base`."""
     (base_tokens, base_lp, _), (tokens, lp, _) = base, run
     first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(base_tokens, tokens)]
-    return sum(first) / sum(len(x) for x in base_tokens), sum(a - b for a, b in zip(base_lp, lp)) / len(lp)
+    gaps = [a - b for a, b in zip(base_lp, lp)]
+    return sum(first) / sum(len(x) for x in base_tokens), sum(gaps) / len(gaps), sum(map(abs, gaps)) / len(gaps)
 
 
 @pytest.mark.parametrize("kernels", ([AUTO.name] if AUTO is not None else []) + ["torch"])
 def test_the_int4_engine_follows_the_unquantized_one(default_model, kernels):
-    """On our kernels (the best tier here, or the one ROSEFAST_CPU_KERNELS forces) the file's numbers, finer than bf16: within 0.01 nats/token of the
-    unquantized engine. torch's op computes in bf16 (activations, d and m + 8 d, its output): its bound is what
-    serving the unquantized model in bf16 costs, measured here (on an AVX2 EPYC: 0.0118 against bf16's ~0.02;
-    on this project's AVX-512 machines 0.003 against 0.023)."""
+    """On our kernels (the best tier here, or the one ROSEFAST_CPU_KERNELS forces) the file's numbers, finer than
+    bf16: within 0.01 nats/token of the unquantized engine. torch's op computes in bf16 (activations, d and
+    m + 8 d, its output): its bound is what serving the unquantized model in bf16 costs, measured here as how far
+    bf16 moves each token's loglikelihood (mean |difference|: 0.047-0.049 on this project's machines, on AMX
+    and on AVX2 code alike). The int4 engine on torch's op must move them less (0.028 here) and shift their mean
+    by less (0.003). bf16's own mean shift is no bound: its errors cancel, 0.023 on AMX, 0.0005 on AVX2 code
+    (against which the earlier test failed there)."""
     base = _follow(default_model, "float32", "none", "none")
     base_bytes = base[2][0]
     if kernels == "torch":
-        bf16_agreement, bf16_gap = _against(base, _follow(default_model, "bfloat16", "none", "none"))
-        bounds = {("int4", "none"): (abs(bf16_gap), min(0.5, bf16_agreement))}
+        bf16_agreement, _, bf16_moves = _against(base, _follow(default_model, "bfloat16", "none", "none"))
+        bounds = {("int4", "none"): (bf16_moves, min(0.5, bf16_agreement))}
     else:
         bounds = {("int4", "none"): (0.01, 0.5), ("int4", "int8"): (0.02, 0.5), ("int8", "none"): (0.03, 0.5)}
     for (mode, head), (bound, least) in bounds.items():
         run = _follow(default_model, "float32", mode, head, kernels)
-        agreement, gap = _against(base, run)
+        agreement, gap, moves = _against(base, run)
         size, count = run[2]
         print(f"{mode}/{head} on {kernels}: greedy agreement {agreement:.2f}, loglik gap {gap:+.4f}/token "
-              f"(bound {bound:.4f}), {size / count:.2f} bytes per weight")
+              f"(bound {bound:.4f}), each token's moved {moves:.4f}, {size / count:.2f} bytes per weight")
         assert abs(gap) < bound           # mean per-token loglikelihood on TEXT, nats
+        if kernels == "torch":
+            assert moves < bound          # bf16's own cost, token by token
         assert agreement >= least         # near-ties may flip a token; then the texts part ways
         assert size < 0.45 * base_bytes   # the layers' weights at 4 or 8 bits (embedding, norms as they were)
 
