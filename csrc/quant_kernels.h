@@ -45,7 +45,8 @@
  *   RF_TIER_AVX2        vpmaddubsw + vpmaddwd (Haswell and later, Zen 1-3); Q8_0 with the sign trick, since
  *                       u8 x s8 pairs of 0..255 weights overflow vpmaddubsw's int16; from RF_AVX2_MIN_ROWS
  *                       activation rows fp32 FMAs on the blocks' values (below)
- *   RF_TIER_NEON        sdot (aarch64 with the dot-product extension: Graviton 2+, Ampere, Apple M1+)
+ *   RF_TIER_NEON        sdot (aarch64 with the dot-product extension: Graviton 2+, Ampere, Apple M1+); where the CPU
+ *                       has the int8 matrix multiply (Graviton 3+, Apple M2+) smmla for pairs of activation rows
  *   RF_TIER_SCALAR      portable C, the reference every other tier is tested against; any CPU
  * Every tier but AMX's tiles and AVX2's FMAs computes the same integers; the float sums may differ in order (and
  * the AVX-512 tier's digits saturate at -128 where the others clamp at -127: a difference of one in the second
@@ -1130,10 +1131,29 @@ RF_AMX static int rf_quant_linear_amx(const rf_qweights *parts, int nparts, cons
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
 
+#if __GNUC__ >= 10   /* +i8mm and vmmlaq_s32 came with GCC 10 */
+#define RF_NEON_I8MM 1
+#define RF_I8MM __attribute__((target("arch=armv8.2-a+dotprod+i8mm")))
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
+
 static int rf_cpu_has_dotprod(void) {
     static int known = -1;
     if (known < 0) known = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
     return known;
+}
+
+/* the int8 matrix multiply (smmla: Graviton 3+, Neoverse V1/N2, Apple M2+): the NEON tier's pairs of rows */
+static int rf_cpu_has_i8mm(void) {
+#ifdef RF_NEON_I8MM
+    static int known = -1;
+    if (known < 0) known = rf_cpu_has_dotprod() && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
+    return known;
+#else
+    return 0;   /* a compiler without it: sdot alone */
+#endif
 }
 
 /* the 4 products of weight vectors c[o .. o + 3] with the 4 words of xv (16 bytes of one digit's block), one
@@ -1200,9 +1220,26 @@ RF_DOTPROD static inline void rf_q_scales_neon(const rf_qweights *w, int64_t g, 
     *mv = fmt == RF_FMT_Q6_K ? vdupq_n_f32(0.f) : vnegq_f32(vmulq_f32(rf_q_half4(w->m + (g / 8) * RF_QROWS + r), vld1q_f32(m0)));
 }
 
+/* a quarter's 4 rows' block result for one activation row, added to acc: s0/s1 the first digit's integer products
+ * over the block's first/second 16 inputs, t0/t1 the second digit's (both tiles' shared tail, so the two compute
+ * the same floats) */
+RF_DOTPROD static inline float32x4_t rf_q_add_neon(float32x4_t acc, int32x4_t s0, int32x4_t s1, int32x4_t t0,
+                                                  int32x4_t t1, float32x4_t sa, float32x4_t sb, float32x4_t mv,
+                                                  float sx, float sumx, int q6, int has_min) {
+    const float32x4_t inv254 = vdupq_n_f32(1.f / 254.f), sxv = vdupq_n_f32(sx);
+    if (q6) {
+        float32x4_t d0 = vfmaq_f32(vcvtq_f32_s32(s0), vcvtq_f32_s32(t0), inv254);
+        float32x4_t d1 = vfmaq_f32(vcvtq_f32_s32(s1), vcvtq_f32_s32(t1), inv254);
+        acc = vfmaq_f32(acc, d0, vmulq_f32(sa, sxv));
+        return vfmaq_f32(acc, d1, vmulq_f32(sb, sxv));
+    }
+    float32x4_t dot = vfmaq_f32(vcvtq_f32_s32(vaddq_s32(s0, s1)), vcvtq_f32_s32(vaddq_s32(t0, t1)), inv254);
+    acc = vfmaq_f32(acc, dot, vmulq_f32(sa, sxv));
+    return has_min ? vfmaq_n_f32(acc, mv, sumx) : acc;
+}
+
 /* the tile on 128-bit vectors: each block's 16 rows as four quarters of 4 rows (see the scalar tile) */
 RF_DOTPROD static void rf_quant_tile_neon(const rf_qweights *w, const rf_qacts *a, int64_t b0, int nb, float *out) {
-    const float32x4_t inv254 = vdupq_n_f32(1.f / 254.f);
     const int fmt = w->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, has_min = rf_q_has_min(fmt);
     const int64_t K = a->K, G = a->G;
     float32x4_t acc[RF_QB][4];
@@ -1221,17 +1258,7 @@ RF_DOTPROD static void rf_quant_tile_neon(const rf_qweights *w, const rf_qacts *
                 int8x16_t xa = vld1q_s8(a1), xb = vld1q_s8(a1 + 16), ya = vld1q_s8(a2), yb = vld1q_s8(a2 + 16);
                 int32x4_t s0 = RF_SDOT4(c, 0, xa), s1 = RF_SDOT4(c, 4, xb);
                 int32x4_t t0 = RF_SDOT4(c, 0, ya), t1 = RF_SDOT4(c, 4, yb);
-                float32x4_t sxv = vdupq_n_f32(a->sx[sg]);
-                if (q6) {
-                    float32x4_t d0 = vfmaq_f32(vcvtq_f32_s32(s0), vcvtq_f32_s32(t0), inv254);
-                    float32x4_t d1 = vfmaq_f32(vcvtq_f32_s32(s1), vcvtq_f32_s32(t1), inv254);
-                    acc[bb][q] = vfmaq_f32(acc[bb][q], d0, vmulq_f32(sa, sxv));
-                    acc[bb][q] = vfmaq_f32(acc[bb][q], d1, vmulq_f32(sb, sxv));
-                    continue;
-                }
-                float32x4_t dot = vfmaq_f32(vcvtq_f32_s32(vaddq_s32(s0, s1)), vcvtq_f32_s32(vaddq_s32(t0, t1)), inv254);
-                acc[bb][q] = vfmaq_f32(acc[bb][q], dot, vmulq_f32(sa, sxv));
-                if (has_min) acc[bb][q] = vfmaq_n_f32(acc[bb][q], mv, a->sumx[sg]);
+                acc[bb][q] = rf_q_add_neon(acc[bb][q], s0, s1, t0, t1, sa, sb, mv, a->sx[sg], a->sumx[sg], q6, has_min);
             }
         }
     }
@@ -1239,6 +1266,66 @@ RF_DOTPROD static void rf_quant_tile_neon(const rf_qweights *w, const rf_qacts *
         for (int q = 0; q < 4; q++) vst1q_f32(out + bb * RF_QROWS + 4 * q, acc[bb][q]);
 }
 #undef RF_SDOT4
+
+/* the tile with smmla for pairs of activation rows: one smmla multiplies 2 weight rows by 2 activation rows over 8
+ * inputs (32 products, sdot's 16), so a block's quarter takes 8 of them a digit for two activation rows where sdot
+ * takes 16. The same integers as the sdot tile's, the same floats after (rf_q_add_neon); an odd last row: that
+ * tile. sdot's lanes hold 4 weights of 4 rows (vector k: weights 4k .. 4k + 3), so zipping the words of vectors
+ * 2m and 2m + 1 gives rows (0, 1) and (2, 3) their weights 8m .. 8m + 7, smmla's operand. */
+#ifdef RF_NEON_I8MM
+RF_I8MM static void rf_quant_tile_neon_i8mm(const rf_qweights *w, const rf_qacts *a, int64_t b0, int nb, float *out) {
+    const int fmt = w->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, has_min = rf_q_has_min(fmt);
+    const int64_t K = a->K, G = a->G;
+    const int pairs = nb / 2;
+    float32x4_t acc[RF_QB][4];
+    for (int bb = 0; bb < 2 * pairs; bb++)
+        for (int q = 0; q < 4; q++) acc[bb][q] = vdupq_n_f32(0.f);
+    for (int64_t g = 0; pairs && g < G; g++) {
+        for (int i = 0; i < bytes / 64; i++) __builtin_prefetch(w->w + g * bytes + RF_Q_PREFETCH + 64 * i);
+        for (int q = 0; q < 4; q++) {
+            int8x16_t c[8], wm[4][2];
+            float32x4_t sa, sb, mv;
+            rf_q_load_neon(fmt, w->w + g * bytes, q, c);
+            rf_q_scales_neon(w, g, q, &sa, &sb, &mv);
+            for (int m = 0; m < 4; m++) {
+                int32x4_t lo = vreinterpretq_s32_s8(c[2 * m]), hi = vreinterpretq_s32_s8(c[2 * m + 1]);
+                wm[m][0] = vreinterpretq_s8_s32(vzip1q_s32(lo, hi));   /* rows 0, 1: weights 8m .. 8m + 7 */
+                wm[m][1] = vreinterpretq_s8_s32(vzip2q_s32(lo, hi));   /* rows 2, 3 */
+            }
+            for (int pp = 0; pp < pairs; pp++) {
+                int64_t r0 = b0 + 2 * pp;
+                const int8_t *x0 = a->x1 + r0 * K + g * RF_QG, *y0 = a->x2 + r0 * K + g * RF_QG;
+                /* [half][row pair]: lanes (row 2i, act 0), (2i, act 1), (2i + 1, act 0), (2i + 1, act 1) */
+                int32x4_t s[2][2], t[2][2];
+                for (int h = 0; h < 2; h++)
+                    for (int i = 0; i < 2; i++) s[h][i] = t[h][i] = vdupq_n_s32(0);
+                for (int m = 0; m < 4; m++) {
+                    int8x16_t xv = vcombine_s8(vld1_s8(x0 + 8 * m), vld1_s8(x0 + K + 8 * m));
+                    int8x16_t yv = vcombine_s8(vld1_s8(y0 + 8 * m), vld1_s8(y0 + K + 8 * m));
+                    for (int i = 0; i < 2; i++) {
+                        s[m / 2][i] = vmmlaq_s32(s[m / 2][i], wm[m][i], xv);
+                        t[m / 2][i] = vmmlaq_s32(t[m / 2][i], wm[m][i], yv);
+                    }
+                }
+                for (int e = 0; e < 2; e++) {   /* activation row r0 + e: its 4 rows' lanes */
+                    int64_t sg = (r0 + e) * G + g;
+                    int32x4_t s0 = e ? vuzp2q_s32(s[0][0], s[0][1]) : vuzp1q_s32(s[0][0], s[0][1]);
+                    int32x4_t s1 = e ? vuzp2q_s32(s[1][0], s[1][1]) : vuzp1q_s32(s[1][0], s[1][1]);
+                    int32x4_t t0 = e ? vuzp2q_s32(t[0][0], t[0][1]) : vuzp1q_s32(t[0][0], t[0][1]);
+                    int32x4_t t1 = e ? vuzp2q_s32(t[1][0], t[1][1]) : vuzp1q_s32(t[1][0], t[1][1]);
+                    acc[2 * pp + e][q] = rf_q_add_neon(acc[2 * pp + e][q], s0, s1, t0, t1, sa, sb, mv, a->sx[sg],
+                                                       a->sumx[sg], q6, has_min);
+                }
+            }
+        }
+    }
+    for (int bb = 0; bb < 2 * pairs; bb++)
+        for (int q = 0; q < 4; q++) vst1q_f32(out + bb * RF_QROWS + 4 * q, acc[bb][q]);
+    if (nb % 2) rf_quant_tile_neon(w, a, b0 + nb - 1, 1, out + (nb - 1) * RF_QROWS);
+}
+#else
+#define rf_quant_tile_neon_i8mm rf_quant_tile_neon
+#endif
 #endif   /* aarch64 */
 
 typedef void (*rf_quant_tile_fn)(const rf_qweights *, const rf_qacts *, int64_t, int, float *);
@@ -1315,7 +1402,7 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
     }
 #endif
 #ifdef RF_NEON_TIERS
-    if (tier == RF_TIER_NEON) tile = rf_quant_tile_neon;
+    if (tier == RF_TIER_NEON) tile = rf_cpu_has_i8mm() ? rf_quant_tile_neon_i8mm : rf_quant_tile_neon;
 #endif
     /* the digits: on the stack for a few rows (a decode step's), else from the heap */
     char local[16384] __attribute__((aligned(64)));

@@ -163,7 +163,11 @@ int main(int argc, char **argv) {
                         for (int i = 0; i < nowned; i++) free(owned[i]);
                         free(x); free(xb); free(bias); free(ys); free(yt); free(exact);
                     }
-        printf("%s: %d cases against scalar, worst relative error %.2g\n", NAMES[t], cases, worst);
+        const char *path = "";
+#ifdef RF_NEON_TIERS
+        if (t == RF_TIER_NEON) path = rf_cpu_has_i8mm() ? " (smmla for row pairs)" : " (sdot)";
+#endif
+        printf("%s: %d cases against scalar%s, worst relative error %.2g\n", NAMES[t], cases, path, worst);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

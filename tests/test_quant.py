@@ -440,16 +440,18 @@ def test_the_c_driver_finds_every_x86_tier_equal_to_the_scalar_one(tmp_path):
 
 
 def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
-    """No ARM machine here: the header cross-compiled for aarch64 and run by qemu-user on a CPU with the
-    dot-product extension (every case against the scalar tier), and on one without it (the tier is refused).
-    ARM speed is unmeasured until an ARM machine runs benches/."""
+    """No ARM machine here: the header cross-compiled for aarch64 and run by qemu-user, every case against the
+    scalar tier, on a CPU with the int8 matrix multiply (qemu's "max": smmla for pairs of activation rows) and on
+    a Neoverse N1 (the dot-product extension alone: sdot), and on one with neither (the tier is refused). ARM
+    speed is unmeasured until an ARM machine runs benches/."""
     cross, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
     if cross is None or qemu is None:
         pytest.skip("needs Debian's gcc-aarch64-linux-gnu and qemu-user (make test installs them where apt runs)")
     binary = _driver(cross, tmp_path / "check-arm", "-static")
-    run = subprocess.run([qemu, "-cpu", "max", str(binary), "neon"], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "neon: 192 cases" in run.stdout, run.stdout
-    assert run.stdout.rstrip().endswith("192 passed, 0 failed")
+    for cpu, path in (("max", "smmla for row pairs"), ("neoverse-n1", "sdot")):
+        run = subprocess.run([qemu, "-cpu", cpu, str(binary), "neon"], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and f"neon: 192 cases against scalar ({path})" in run.stdout, run.stdout
+        assert run.stdout.rstrip().endswith("192 passed, 0 failed")
     old = subprocess.run([qemu, "-cpu", "cortex-a53", str(binary), "neon"], capture_output=True, text=True, timeout=60)
     assert old.returncode == 2 and "this CPU does not run it" in old.stdout   # ARMv8.0: no sdot, no NEON tier
 
