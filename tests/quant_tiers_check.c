@@ -88,6 +88,8 @@ int main(int argc, char **argv) {
         }
         double worst = 0;
         int cases = 0;
+        uint64_t hash = 1469598103934665603ull;   /* FNV-1a over every output's bytes: two paths that must make the
+                                                   * same outputs (the NEON tier's sdot and smmla) compare by it */
         for (int s = 0; s < (quick ? 2 : 3); s++)
             for (int bi = 0; bi < (rf_quant_own_rows(t, 0) && !quick ? 5 : 4); bi++)   /* 77: AMX's 64-row passes, AVX2's 4 */
                 for (int f = 0; f <= RF_FMTS; f++)   /* the last: three parts of three formats */
@@ -148,6 +150,8 @@ int main(int argc, char **argv) {
                                 big = fabs(r) > big ? fabs(r) : big;
                                 diff = fabs(r - v) > diff ? fabs(r - v) : diff;
                             }
+                            for (int64_t i = 0; i < B * NT * (bf16 ? 2 : 4); i++)
+                                hash = (hash ^ ((const uint8_t *)yt)[i]) * 1099511628211ull;
                             double tol = bf16 ? 8e-3 : 2e-5, rel = big > 0 ? diff / big : diff;
                             worst = rel > worst ? rel : worst;
                             cases++;
@@ -167,7 +171,8 @@ int main(int argc, char **argv) {
 #ifdef RF_NEON_TIERS
         if (t == RF_TIER_NEON) path = rf_cpu_has_i8mm() ? " (smmla for row pairs)" : " (sdot)";
 #endif
-        printf("%s: %d cases against scalar%s, worst relative error %.2g\n", NAMES[t], cases, path, worst);
+        printf("%s: %d cases against scalar%s, worst relative error %.2g, outputs' hash %016llx\n", NAMES[t], cases,
+               path, worst, (unsigned long long)hash);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

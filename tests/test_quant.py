@@ -3,6 +3,7 @@ F.linear on their own dequantized weights, and the whole model against the unqua
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -448,10 +449,13 @@ def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
     if cross is None or qemu is None:
         pytest.skip("needs Debian's gcc-aarch64-linux-gnu and qemu-user (make test installs them where apt runs)")
     binary = _driver(cross, tmp_path / "check-arm", "-static")
+    hashes = []
     for cpu, path in (("max", "smmla for row pairs"), ("neoverse-n1", "sdot")):
         run = subprocess.run([qemu, "-cpu", cpu, str(binary), "neon"], capture_output=True, text=True, timeout=300)
         assert run.returncode == 0 and f"neon: 192 cases against scalar ({path})" in run.stdout, run.stdout
         assert run.stdout.rstrip().endswith("192 passed, 0 failed")
+        hashes.append(re.search(r"outputs' hash (\w+)", run.stdout).group(1))
+    assert hashes[0] == hashes[1]   # smmla's outputs are sdot's, bit for bit
     old = subprocess.run([qemu, "-cpu", "cortex-a53", str(binary), "neon"], capture_output=True, text=True, timeout=60)
     assert old.returncode == 2 and "this CPU does not run it" in old.stdout   # ARMv8.0: no sdot, no NEON tier
 
