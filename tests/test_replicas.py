@@ -31,14 +31,17 @@ def replicas(tiny_llama):
         yield pair
 
 
-async def stream(url, delay=0.0):
-    """One streamed completion (after `delay` s): (status, Retry-After, the body: SSE text or error JSON)."""
+async def stream(url, delay=0.0, tokens=TOKENS, progress=None):
+    """One streamed completion (after `delay` s): (status, Retry-After, the body: SSE text or error JSON);
+    `progress`, when given, is the list its body's pieces go into as they come."""
     await asyncio.sleep(delay)
-    body = {"prompt": "Once upon a time", "max_tokens": TOKENS, "stream": True, "ignore_eos": True}
+    body = {"prompt": "Once upon a time", "max_tokens": tokens, "stream": True, "ignore_eos": True}
+    progress = [] if progress is None else progress
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         async with client.stream("POST", "/v1/completions", json=body) as r:
-            data = (await r.aread()).decode()
-            return r.status_code, r.headers.get("retry-after"), data
+            async for piece in r.aiter_text():
+                progress.append(piece)
+            return r.status_code, r.headers.get("retry-after"), "".join(progress)
 
 
 async def burst(url, n):
@@ -70,10 +73,22 @@ def test_a_burst_is_shared_between_the_replicas(replicas):
 
 
 def test_the_client_gets_a_429_only_when_every_replica_is_full(replicas):
+    """Four streams fill both replicas (two each, one passed on by nginx where three meet one replica); two
+    more, sent once all four stream, are refused. Ordered by the streams' progress, not by time: a burst of
+    six at once flaked under CI's load when a stream ended before the sixth request was read."""
     _, nginx = replicas
-    results = asyncio.run(burst(nginx.url, 6))
-    statuses = sorted(status for status, _, _ in results)
-    assert statuses == [200] * 4 + [429] * 2
+
+    async def run():
+        progress = [[] for _ in range(4)]
+        admitted = [asyncio.create_task(stream(nginx.url, tokens=2 * TOKENS, progress=p)) for p in progress]
+        await until(lambda: all(progress), "four streams to start")
+        refused = await asyncio.gather(stream(nginx.url), stream(nginx.url))
+        streaming = sum(not task.done() for task in admitted)
+        return await asyncio.gather(*admitted) + refused, streaming
+
+    results, streaming = asyncio.run(run())
+    assert streaming == 4   # every admitted stream still ran when the two were answered
+    assert [status for status, _, _ in results] == [200] * 4 + [429] * 2
     for status, retry_after, data in results:
         if status == 429:   # the last replica's own answer, passed through: its error body and Retry-After
             error = json.loads(data)["error"]
