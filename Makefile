@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= What is continuous batching in LLM serving?
 
-.PHONY: install build test bench generate serve serve-replicas cross-tools browser FORCE
+.PHONY: install build test test-avx2 bench generate serve serve-replicas cross-tools browser FORCE
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -72,13 +72,19 @@ test: build cross-tools browser
 	trap 'rm -rf "$$locks"; [ "$$cache" = "$(ROSEFAST_TEST_CACHE)" ] || rm -rf "$$cache"' EXIT; \
 	set -x; \
 	ROSEFAST_CACHE=$$cache $(BIN)/python -c "from rosefast.models import resolve_model; resolve_model()" || exit; \
-	ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest -p no:cacheprovider $(PURE_TESTS) -k "$(PURE_SKIP)" \
+	env -u ROSEFAST_CPU_KERNELS ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest -p no:cacheprovider $(PURE_TESTS) -k "$(PURE_SKIP)" \
 		> $$locks/pure-twins.log 2>&1 & pure=$$!; \
 	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests benches \
 		--benchmark-disable --durations=25; main=$$?; \
 	wait $$pure; twins=$$?; \
 	echo "+ the pure-twin run, beside it:"; cat $$locks/pure-twins.log; \
 	[ $$main = 0 ] && [ $$twins = 0 ]
+
+# The suite on AVX2 code alone, on any x86-64 CPU: our avx2 tier and AVX2 decode attention, torch's AVX2 kernels and
+# oneDNN's (no native bf16 then, so fp32 by default), as an AVX2-only CPU (Zen 1-3, Intel before Ice Lake) runs it.
+# The pure-twin run is the same either way (the tier setting is the compiled build's).
+test-avx2:
+	ROSEFAST_CPU_KERNELS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(MAKE) test
 
 # The NEON kernels' exactness check (tests/quant_tiers_check.c under qemu-user) needs an aarch64 cross compiler:
 # installed from Debian's packages where apt runs as root; elsewhere that test skips and says why.

@@ -503,7 +503,7 @@ for cfg in CONFIGS:
         if cfg.get("sampled"):
             n, k = max(LEVELS), 16
             row = run(eng, st, n, k, SamplingParams(max_tokens=k, temperature=1.0, ignore_eos=True, seed=None))
-            row["sampling"] = "temperature=1.0 (the server's default), top_p=1, CPU sampler"
+            row["sampling"] = "temperature=1.0 (the server's default), top_p=1, the batched sampler on the device"
             entry["rows"].append(row)
             print(f"| {cfg['name']}, SAMPLED t=1.0, {k} tok | {n} | {row['tok_s']} | {row['decode_tok_s']} | "
                   f"{row['decode_ms_per_step']} | {row['host_prep_ms_per_decode']} | {row['sampler_ms_per_step']} | "
