@@ -23,12 +23,7 @@ static int rf_att_cpu_has_avx2(void) {
 #define RF_W_avx2 8
 #define RF_GROUP_avx2 3
 #define RF_ATT_ATTR_avx2 RF_ATT_AVX2
-RF_ATT_AVX2 static inline __m256 rf_zero_avx2(void) { return _mm256_setzero_ps(); }
-RF_ATT_AVX2 static inline __m256 rf_loadu_avx2(const float *p) { return _mm256_loadu_ps(p); }
-RF_ATT_AVX2 static inline __m256 rf_fma_avx2(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-RF_ATT_AVX2 static inline __m256 rf_set1_avx2(float x) { return _mm256_set1_ps(x); }
-RF_ATT_AVX2 static inline void rf_storeu_avx2(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
-RF_ATT_AVX2 static inline __m256 rf_load_avx2_f32(const float *p) { return _mm256_loadu_ps(p); }
+RF_ATT_PLAIN_HELPERS(avx2, __m256, _mm256)
 RF_ATT_AVX2 static inline __m256 rf_load_avx2_bf16(const uint16_t *p) {
     __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));

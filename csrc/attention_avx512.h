@@ -22,13 +22,8 @@ static int rf_cpu_has_avx512(void) {
 #define RF_W_avx512 16
 #define RF_GROUP_avx512 4
 #define RF_ATT_ATTR_avx512 RF_AVX512
-RF_AVX512 static inline __m512 rf_zero_avx512(void) { return _mm512_setzero_ps(); }
-RF_AVX512 static inline __m512 rf_loadu_avx512(const float *p) { return _mm512_loadu_ps(p); }
-RF_AVX512 static inline __m512 rf_fma_avx512(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
-RF_AVX512 static inline __m512 rf_set1_avx512(float x) { return _mm512_set1_ps(x); }
-RF_AVX512 static inline void rf_storeu_avx512(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
+RF_ATT_PLAIN_HELPERS(avx512, __m512, _mm512)
 RF_AVX512 static inline float rf_hsum_avx512(__m512 v) { return _mm512_reduce_add_ps(v); }
-RF_AVX512 static inline __m512 rf_load_avx512_f32(const float *p) { return _mm512_loadu_ps(p); }
 RF_AVX512 static inline __m512 rf_load_avx512_bf16(const uint16_t *p) {
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));

@@ -2,12 +2,21 @@
  * group share every K and V row load (converted from bf16 once), RF_GROUP_I of them a pass, so their
  * accumulators (GG heads x 4 tokens for the scores, GG heads x 4 vectors of V) stay in registers. An ISA's
  * header (attention_avx512.h, attention_avx2.h) defines, for its I: RF_VEC_I (its vector of RF_W_I floats),
- * RF_GROUP_I (<= 4), RF_ATT_ATTR_I (its target attribute) and the helpers rf_zero_I, rf_loadu_I, rf_fma_I,
- * rf_set1_I, rf_storeu_I, rf_hsum4_I (four vectors' sums as one __m128), rf_hsum_I and rf_load_I_f32 /
- * rf_load_I_bf16 (RF_W_I values as fp32); then RF_ATT_KERNELS(I, S, T) gives rf_attend_I_S, with
+ * RF_GROUP_I (<= 4), RF_ATT_ATTR_I (its target attribute), the plain helpers (RF_ATT_PLAIN_HELPERS: rf_zero_I,
+ * rf_loadu_I, rf_load_I_f32, rf_fma_I, rf_set1_I, rf_storeu_I) and rf_hsum4_I (four vectors' sums as one
+ * __m128), rf_hsum_I and rf_load_I_bf16 (RF_W_I bf16 values as fp32); then RF_ATT_KERNELS(I, S, T) gives rf_attend_I_S, with
  * rf_attend_one_S's contract for D a multiple of RF_W_I up to 256. Included by those headers only. */
 #ifndef ROSEFAST_ATTENTION_SIMD_H
 #define ROSEFAST_ATTENTION_SIMD_H
+
+/* an ISA's plain helpers, each its intrinsics' P##_<op>_ps (P: _mm256, _mm512) on vectors V */
+#define RF_ATT_PLAIN_HELPERS(I, V, P)                                                                    \
+RF_ATT_ATTR_##I static inline V rf_zero_##I(void) { return P##_setzero_ps(); }                           \
+RF_ATT_ATTR_##I static inline V rf_loadu_##I(const float *p) { return P##_loadu_ps(p); }                 \
+RF_ATT_ATTR_##I static inline V rf_load_##I##_f32(const float *p) { return P##_loadu_ps(p); }            \
+RF_ATT_ATTR_##I static inline V rf_fma_##I(V a, V b, V c) { return P##_fmadd_ps(a, b, c); }              \
+RF_ATT_ATTR_##I static inline V rf_set1_##I(float x) { return P##_set1_ps(x); }                          \
+RF_ATT_ATTR_##I static inline void rf_storeu_##I(float *p, V v) { P##_storeu_ps(p, v); }
 
 /* scores[g][t] = q_g . k_t for GG (compile-time) heads starting at q (already scaled, fp32); four tokens at a
  * time, so one horizontal reduction serves four dot products */

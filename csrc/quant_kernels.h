@@ -1277,10 +1277,14 @@ RF_I8MM static void rf_quant_tile_neon_i8mm(const rf_qweights *w, const rf_qacts
     const int fmt = w->fmt, bytes = rf_q_block_bytes(fmt), q6 = fmt == RF_FMT_Q6_K, has_min = rf_q_has_min(fmt);
     const int64_t K = a->K, G = a->G;
     const int pairs = nb / 2;
+    if (!pairs) {
+        rf_quant_tile_neon(w, a, b0, nb, out);
+        return;
+    }
     float32x4_t acc[RF_QB][4];
     for (int bb = 0; bb < 2 * pairs; bb++)
         for (int q = 0; q < 4; q++) acc[bb][q] = vdupq_n_f32(0.f);
-    for (int64_t g = 0; pairs && g < G; g++) {
+    for (int64_t g = 0; g < G; g++) {
         for (int i = 0; i < bytes / 64; i++) __builtin_prefetch(w->w + g * bytes + RF_Q_PREFETCH + 64 * i);
         for (int q = 0; q < 4; q++) {
             int8x16_t c[8], wm[4][2];
