@@ -469,7 +469,7 @@ def run(eng, st, n, tokens, params):
     sync(); wall = time.perf_counter() - t
     out = sum(len(r["token_ids"]) for r in res)
     ms = lambda k: round(st.get(k + "_s", 0.0) / max(st.get(k + "_n", 0), 1) * 1e3, 3)
-    return {"concurrent": n, "tokens_each": tokens, "tok_s": round(out / wall, 1), "wall_s": round(wall, 3),
+    return {"concurrent": n, "tokens_each": tokens, "tokens_out": out, "tok_s": round(out / wall, 1), "wall_s": round(wall, 3),
             "steps": eng.steps - steps0, "prefill_steps": st.get("prefill_n", 0), "decode_steps": st.get("decode_n", 0),
             "decode_ms_per_step": ms("decode"), "prefill_ms_per_step": ms("prefill"),
             "host_prep_ms_per_decode": ms("prep"), "sampler_ms_per_step": ms("sample"),

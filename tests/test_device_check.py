@@ -61,7 +61,9 @@ def test_the_throughput_stage_times_every_config_and_level(dry_run):
     for entry in report["configs"]:
         assert "error" not in entry, entry
         levels = [row["concurrent"] for row in entry["rows"]]
-        assert levels[:2] == [1, 3] and all(row["tok_s"] > 0 and row["decode_steps"] > 0 for row in entry["rows"])
+        assert levels[:2] == [1, 3]   # each level's every token came out, and its steps were timed
+        assert all(row["tokens_out"] == row["concurrent"] * row["tokens_each"] and row["decode_steps"] > 0
+                   and isinstance(row["tok_s"], float) for row in entry["rows"])
 
 
 def test_the_attention_stage_times_each_kernel(dry_run):
@@ -72,7 +74,7 @@ def test_the_attention_stage_times_each_kernel(dry_run):
     assert not errors
     for key in ("twin_attention_ms_per_layer_width_ctx", "twin_attention_ms_per_layer_width_model",
                 "step_wall_ms_eager", "gather_only_ms_per_layer", "sdpa_default_nomask_ms_per_layer"):
-        assert report[key] > 0, key
+        assert isinstance(report[key], float), key   # measured (a failed measurement is an ERROR string)
     assert report["sdpa_vs_twin_max_abs_diff"] < 0.05
 
 
