@@ -13,6 +13,7 @@ import traceback
 import numpy as np
 import pytest
 import torch
+from packaging.version import Version
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -316,14 +317,10 @@ def test_decode_values_pad_rows_to_the_scratch_block(tiny_llama):
 
 # -- the Triton decode kernel against the twin (Triton's interpreter, on CPU tensors) ----------------------
 
-def _release(version):
-    return tuple(int(x) for x in version.split("+")[0].split(".")[:2])
-
-
 def test_triton_decode_and_prefill_attention_equal_the_twins():
     """In a fresh interpreter: TRITON_INTERPRET must be set before Triton is first imported."""
     triton = pytest.importorskip("triton")
-    if _release(triton.__version__) < (3, 9) and _release(np.__version__) >= (2, 5):
+    if Version(triton.__version__) < Version("3.9") and Version(np.__version__) >= Version("2.5"):
         pytest.skip(f"Triton {triton.__version__}'s interpreter turns a loaded loop bound into an int with int() of "
                     f"a one-element array, which numpy {np.__version__} refuses (Triton 3.9's squeezes it first; "
                     "seen on the device check's machine, where the compiled kernels run instead)")
