@@ -71,7 +71,7 @@ test: build cross-tools browser
 	export ROSEFAST_TEST_CACHE=$$cache ROSEFAST_TEST_LOCKS=$$locks OMP_WAIT_POLICY=passive; \
 	trap 'rm -rf "$$locks"; [ "$$cache" = "$(ROSEFAST_TEST_CACHE)" ] || rm -rf "$$cache"' EXIT; \
 	set -x; \
-	ROSEFAST_CACHE=$$cache $(BIN)/python -c "from rosefast.models import resolve_model; resolve_model()" || exit; \
+	ROSEFAST_CACHE=$$cache $(BIN)/python -c "from rosefast.sources import resolve_model; resolve_model()" || exit; \
 	env -u ROSEFAST_CPU_KERNELS ROSEFAST_NO_EXTENSIONS=1 $(BIN)/python -m pytest -p no:cacheprovider $(PURE_TESTS) -k "$(PURE_SKIP)" \
 		> $$locks/pure-twins.log 2>&1 & pure=$$!; \
 	ROSEFAST_REQUIRE_EXTENSIONS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile tests benches \

@@ -1,4 +1,4 @@
-"""Build: the Cython hot paths (rosefast/frontend/, models/, engine/), or only their pure-Python twins.
+"""Build: the Cython hot paths (rosefast/frontend/, kernels/, engine/), or only their pure-Python twins.
 
 ROSEFAST_NO_EXTENSIONS=1   build (and later use) the pure-Python twins only
 ROSEFAST_DEBUG_BUILD=1     compile the extensions with -O0 -g and Cython line tracing off
@@ -18,10 +18,10 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # One entry per accelerated module: <package>/_<name>_c.pyx beside _<name>_py.py.
-COMPILED_MODULES = ["frontend/admission", "frontend/collector", "frontend/fanout", "models/kernels",
-                    "engine/sample_ops", "models/quant_ops", "models/decode_layer"]
+COMPILED_MODULES = ["frontend/admission", "frontend/collector", "frontend/fanout", "kernels/layer_ops",
+                    "engine/sample_ops", "kernels/quant_ops", "kernels/decode_layer"]
 # The model kernels split their work with OpenMP: the same libgomp torch loads, so one thread pool.
-OPENMP_MODULES = {"models/kernels", "engine/sample_ops", "models/quant_ops", "models/decode_layer"}
+OPENMP_MODULES = {"kernels/layer_ops", "engine/sample_ops", "kernels/quant_ops", "kernels/decode_layer"}
 
 
 def _flag(name):

@@ -13,7 +13,7 @@ import gevent
 from gevent.event import Event
 
 from rosefast.engine.stand_in import stand_in_tokens
-from rosefast.models import load_tokenizer, resolve_model
+from rosefast.sources import load_tokenizer, resolve_model
 
 STEP = float(os.environ.get("BARE_STEP_MS", "20")) / 1000.0
 _tokenizer = load_tokenizer(resolve_model())

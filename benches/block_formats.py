@@ -12,8 +12,9 @@ import time
 import numpy as np
 import torch
 
-from rosefast.models import gguf_blocks, quant_ops
-from rosefast.models.quant_tiles import pack_tiles
+from rosefast.sources import gguf_blocks
+from rosefast.kernels import quant_ops
+from rosefast.quant.tiles import pack_tiles
 
 N, K = 1024, 3072
 # (name, how the blocks are made): our own Q4_1 / Q8_0 quantizers, random blocks for the others (their bytes
@@ -25,7 +26,7 @@ def _blocks(fmt, seed):
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as T
 
-    from rosefast.models.quant import quantize_q4_1, quantize_q8_0
+    from rosefast.quant.formats import quantize_q4_1, quantize_q8_0
 
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(seed)) * 0.05
     if fmt == "q4_1":

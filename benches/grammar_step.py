@@ -14,7 +14,7 @@ from rosefast.engine.grammar import GrammarMasks, Grammars
 from rosefast.engine.sampler import Sampler
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.sequence import Sequence
-from rosefast.models import load_tokenizer, resolve_model
+from rosefast.sources import load_tokenizer, resolve_model
 
 STEPS = 60
 

@@ -13,8 +13,9 @@ import time
 
 import torch
 
-from rosefast.models.quant import Int4Linear, Int8Linear, quantize_q4_1, quantize_q8_0
-from rosefast.models.quant_ops import available, decoding, pick
+from rosefast.models.quantized import Int4Linear, Int8Linear
+from rosefast.quant.formats import quantize_q4_1, quantize_q8_0
+from rosefast.kernels.quant_ops import available, decoding, pick
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 LAYERS, VOCAB = 30, 49152

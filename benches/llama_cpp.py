@@ -16,7 +16,7 @@ import itertools
 import os
 
 from rosefast.bench.drivers import burst_figures
-from rosefast.models.sources import default_gguf_path
+from rosefast.sources.resolve import default_gguf_path
 from server.process import Server
 
 PROMPT = "Write a story about a lighthouse keeper who finds a message in a bottle."

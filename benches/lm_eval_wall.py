@@ -79,7 +79,7 @@ def main(argv=None):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from rosefast.models import resolve_model
+    from rosefast.sources import resolve_model
 
     model = resolve_model()
     folder = Path(tempfile.mkdtemp(prefix="rf-lm-eval-"))

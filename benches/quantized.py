@@ -2,7 +2,7 @@
 none / int8 / int4, the lm_head as loaded or quantized (int8, int4), each beside the floor that reading its
 weights once per step at this machine's measured memory bandwidth allows, and one batch-1 decode step's
 time at a 64-token context (the steadier measure on a shared machine: the best of --step-runs x 10 steps),
-and where the layers run as one call each (rosefast.models.decode_layer) the same step one op at a time.
+and where the layers run as one call each (rosefast.kernels.decode_layer) the same step one op at a time.
 
     python -m benches.quantized --tokens 64 [--cpu-kernels avx2]     # a kernel tier (ROSEFAST_CPU_KERNELS)
     python -m benches.quantized --model q4_k_m.gguf --modes none,auto  # a GGUF's own blocks (auto), any formats
@@ -14,9 +14,9 @@ import torch
 
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
-from rosefast.models import resolve_model
-from rosefast.models.quant import BlockLinear, Int4Linear, Int8Linear
-from rosefast.models.quant_ops import pick
+from rosefast.sources import resolve_model
+from rosefast.models.quantized import BlockLinear, Int4Linear, Int8Linear
+from rosefast.kernels.quant_ops import pick
 from benches.decode_step import ours_step, timed
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]

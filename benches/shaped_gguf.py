@@ -37,7 +37,7 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    from rosefast.models import tiny_random
+    from rosefast.sources import tiny_random
     from tests.gguf_writer import write_gguf
 
     family, shape = SHAPES[a.shape]

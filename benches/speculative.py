@@ -13,7 +13,7 @@ import argparse
 import os
 
 from rosefast.bench.drivers import burst_figures
-from rosefast.models.sources import default_gguf_path
+from rosefast.sources.resolve import default_gguf_path
 from server.process import Server
 
 PARAGRAPH = ("Continuous batching lets an inference server admit new requests between decode steps instead of "

@@ -16,7 +16,7 @@ import json, os, resource, sys, time
 t0 = time.perf_counter()
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
-from rosefast.models.sources import resolve_model
+from rosefast.sources.resolve import resolve_model
 t1 = time.perf_counter()
 resolved = resolve_model(sys.argv[1])
 t2 = time.perf_counter()

@@ -19,7 +19,7 @@ from rosefast.config import EngineConfig
 from rosefast.device import resolve_dtype
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
-from rosefast.models import load_hf_model, load_tokenizer, resolve_model
+from rosefast.sources import load_hf_model, load_tokenizer, resolve_model
 
 TOPICS = ["the ocean", "a red bicycle", "quantum computing", "bread baking", "the moon", "a lost key", "jazz",
           "volcanoes", "a chess game", "winter mornings", "databases", "honeybees", "a long train ride",

@@ -18,7 +18,7 @@ from rosefast.engine.kv_cache import layer_bytes_per_token, split_budget, window
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.window_blocks import pool_blocks
-from rosefast.models import tiny_random
+from rosefast.sources import tiny_random
 from rosefast.models.args import model_args_from_config
 
 GEMMA3_1B = {"model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912,

@@ -22,7 +22,7 @@
  * exact in fp32, so every format is served on the file's own numbers. At batch 1 the weights' bytes bound the
  * time; the second digit's products cost nothing there.
  *
- * Weights are re-laid out once at load in tiles of 16 output rows (rosefast/models/quant_tiles.py) so that
+ * Weights are re-laid out once at load in tiles of 16 output rows (rosefast/quant/tiles.py) so that
  * one int32 lane of an integer dot product accumulates one row's whole block: for tile t and block g,
  *   4-bit planes: 256 bytes, 4 chunks of 64; byte 4 j + b of chunk c holds row j's weight 8 c + b in its low
  *         nibble and 8 c + 4 + b in its high nibble (so the 8 nibble vectors k = 0..7 hold weights 4 k + b);
@@ -70,11 +70,11 @@
 #define RF_Q_PREFETCH 4096   /* bytes ahead in the weights' stream */
 #endif
 
-/* the tiers, in rosefast/models/_quant_ops_c.pyx's TIERS order */
+/* the tiers, in rosefast/kernels/_quant_ops_c.pyx's TIERS order */
 enum { RF_TIER_SCALAR = 0, RF_TIER_AVX2 = 1, RF_TIER_AVXVNNI = 2, RF_TIER_AVX512VNNI = 3, RF_TIER_NEON = 4,
        RF_TIER_AMX = 5, RF_TIERS = 6 };
 
-/* the weights' formats (rosefast/models/quant_tiles.py's FORMATS order) */
+/* the weights' formats (rosefast/quant/tiles.py's FORMATS order) */
 enum { RF_FMT_Q4_1 = 0, RF_FMT_Q8_0 = 1, RF_FMT_Q5_1 = 2, RF_FMT_Q4_K = 3, RF_FMT_Q5_K = 4, RF_FMT_Q6_K = 5,
        RF_FMT_Q5_0 = 6, RF_FMTS = 7 };
 #define RF_QPARTS 8       /* formats one linear may mix (a fused q|k|v of three types) */

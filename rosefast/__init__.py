@@ -6,8 +6,8 @@ __all__ = ["ACCELERATED", "EXTENSIONS", "flavour_warning", "flavours", "__versio
 
 #: every module with a compiled flavour and a pure-Python twin (rosefast._select picks one at import)
 ACCELERATED = ("rosefast.frontend.admission", "rosefast.frontend.collector", "rosefast.frontend.fanout",
-               "rosefast.engine.sample_ops", "rosefast.models.kernels", "rosefast.models.quant_ops",
-               "rosefast.models.decode_layer")
+               "rosefast.engine.sample_ops", "rosefast.kernels.layer_ops", "rosefast.kernels.quant_ops",
+               "rosefast.kernels.decode_layer")
 
 
 def flavours():

@@ -26,7 +26,7 @@ def main(argv=None):
     gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), float32, bfloat16")
     gen.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     args = parser.parse_args(argv)
-    from rosefast.models import ModelError
+    from rosefast.sources import ModelError
 
     try:
         _generate(args)

@@ -4,7 +4,7 @@ import importlib
 from rosefast.config import process_setting
 
 NO_EXTENSIONS = process_setting("ROSEFAST_NO_EXTENSIONS")
-_SELECTED = {}   # selector module ("rosefast.models.kernels") -> the flavour it took
+_SELECTED = {}   # selector module ("rosefast.kernels.layer_ops") -> the flavour it took
 _MISSING = {}    # selector module -> why its compiled flavour did not import (the ImportError's words)
 
 

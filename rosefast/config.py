@@ -28,7 +28,7 @@ def process_setting(name):
 
 
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
-# the quantized linears' kernels (rosefast.models.quant_ops): the best tier this CPU runs, one tier, or torch's ops
+# the quantized linears' kernels (rosefast.kernels.quant_ops): the best tier this CPU runs, one tier, or torch's ops
 CPU_KERNELS = ("auto", "amx", "avx512vnni", "avxvnni", "avx2", "neon", "scalar", "torch")
 HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
 
@@ -55,10 +55,10 @@ class EngineConfig:
     stand_in_step_ms: float = 0.0      # model "stand-in" (no forward pass): how long each step takes
     quantization: str = "auto"         # auto: a GGUF's own blocks on CPU (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K,
                                        # Q5_K, Q6_K, any mix; the embedded default model's int4), else none;
-                                       # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quant)
+                                       # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quantized)
                                        # (one default for the library, the CLI and the server)
     quantize_lm_head: str = "auto"     # the lm_head's: none, int8, int4; true: as the linears; auto: int8 when
-                                       # the linears are quantized, else none (rosefast.models.quant.head_mode)
+                                       # the linears are quantized, else none (rosefast.models.quantized.head_mode)
     cpu_kernels: str = "auto"          # the quantized linears' kernels: auto (the best tier this CPU runs),
                                        # amx, avx512vnni, avxvnni, avx2, neon, scalar (portable C), torch (torch's ops)
     speculative: str = "auto"          # speculative decoding by prompt lookup (rosefast.engine.speculation): auto

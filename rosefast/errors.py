@@ -1,6 +1,10 @@
 """Exceptions the serving core raises; the server maps them to HTTP statuses."""
 
 
+class ModelError(ValueError):
+    """A model spec that cannot be resolved or loaded; the message says what to do."""
+
+
 class OverloadedError(RuntimeError):
     """Refused at admission: `max_inflight_requests` requests are already in flight (HTTP 429)."""
 

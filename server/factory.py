@@ -61,9 +61,9 @@ class State:
     def generation_defaults(self):
         """What fills the sampling fields a request leaves out (ROSEFAST_GENERATION_CONFIG=model), once loaded."""
         if self._generation_defaults is None:
-            from rosefast.models.generation import generation_defaults
+            from rosefast.serving.values import load_generation_defaults
 
-            self._generation_defaults = (generation_defaults(self.manager.model)
+            self._generation_defaults = (load_generation_defaults(self.manager.model)
                                          if self.config.generation_config == "model" else {})
             log.info("generation defaults for requests that leave them out: %s", self._generation_defaults or "none")
         return self._generation_defaults

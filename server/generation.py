@@ -14,7 +14,7 @@ import time
 from flask import request
 
 from rosefast.errors import NotReadyError, ShutdownError
-from rosefast.models.families import FAMILIES
+from rosefast.serving.values import reasoning_tags
 from server import disconnect, structured
 from server.body import read_json_body
 from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request
@@ -70,7 +70,7 @@ def admit(state, translate):
     echoes = state.off_hub.call(lambda: [p if isinstance(p, str) else manager.tokenizer.decode(p) for p in prompts]) \
         if gen.options.echo else None
     stop_watch = disconnect.watch(request.environ, lambda: manager.abort(rid))
-    reasoning = FAMILIES[manager.model.model_type].reasoning if gen.messages is not None else ()
+    reasoning = reasoning_tags(manager.model.model_type) if gen.messages is not None else ()
     run = Run(state, manager, rid, new_id(gen.id_prefix), gen.endpoint, gen.options, echoes, t0, stop_watch,
               calls if calls is not None and calls.active else None, reasoning, body)
     if state.config.log_text:   # an operator's explicit choice; off by default

@@ -1,7 +1,7 @@
 """The OpenAI request fields we take, how they map to SamplingParams, and the response shapes."""
 import math
 
-from rosefast.engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from rosefast.serving.values import MAX_LOGPROBS, SamplingParams
 from server.errors import APIError, bad_request
 from server.request_model import Generation, Options
 from server.structured import FIELDS as STRUCTURED

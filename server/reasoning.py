@@ -1,5 +1,5 @@
 """A reasoning block (`<think>...</think>` for Qwen3) taken apart from the answer, for the families that write
-one (rosefast.models.families: Family.reasoning). The chat routes return it as the message's
+one (rosefast.models.registry: Family.reasoning). The chat routes return it as the message's
 `reasoning_content` and `reasoning` (clients read either name); streamed, as deltas of those fields.
 
     split = ReasoningSplit(("<think>", "</think>"))

@@ -3,7 +3,7 @@ structured_outputs extras), compiled off the hub within ROSEFAST_GRAMMAR_TIMEOUT
 import json
 
 from rosefast._native import native_sleep
-from rosefast.engine.grammar import GrammarError
+from rosefast.serving.values import GrammarError
 from server.errors import bad_request, parse_json
 
 FIELDS = {"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"}

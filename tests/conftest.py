@@ -65,20 +65,20 @@ def model_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_model(model_cache):
-    from rosefast.models import resolve_model
+    from rosefast.sources import resolve_model
 
     return resolve_model()
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(default_model):
-    from rosefast.models import tiny_random
+    from rosefast.sources import tiny_random
 
     return tiny_random("llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_gpt2(default_model):
-    from rosefast.models import tiny_random
+    from rosefast.sources import tiny_random
 
     return tiny_random("gpt2")

@@ -14,10 +14,10 @@ from gguf import GGUFValueType, RopeScalingType, quants
 
 from tests.kquants import quantize_q4_k, quantize_q5_k, quantize_q6_k
 from rosefast.models.args import load_model_args
-from rosefast.models.families import FAMILIES
-from rosefast.models.gguf_blocks import _rope_rows
-from rosefast.models.loader import read_hf_state_dict
-from rosefast.models.sources import default_gguf_path
+from rosefast.models.registry import FAMILIES
+from rosefast.sources.gguf_blocks import _rope_rows
+from rosefast.build import read_hf_state_dict
+from rosefast.sources.resolve import default_gguf_path
 
 _OURS = {T.Q4_K: quantize_q4_k, T.Q5_K: quantize_q5_k, T.Q6_K: quantize_q6_k}
 
@@ -67,7 +67,7 @@ def _metadata(writer, args, config):
         local = [i in args.local_layers for i in range(args.num_layers)]
         if local != [i % 6 < 5 for i in range(args.num_layers)]:   # llama.cpp's default (its converter writes none)
             writer.add_sliding_window_pattern(local)
-    elif args.family in ("llama", "mistral"):
+    elif FAMILIES[args.family].gguf_qk_permuted:   # llama.cpp's Llama converter and those made from it
         writer.add_rope_dimension_count(args.head_dim)
 
 
@@ -99,7 +99,7 @@ def write_gguf(path, model, kind_of):
     args = load_model_args(model.path)
     config = json.loads((model.path / "config.json").read_text())
     hf = read_hf_state_dict(model.path)
-    arch = GGUF_ARCH[args.family]
+    arch = GGUF_ARCH.get(args.family) or FAMILIES[args.family].gguf_arch
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value, vtype, sub_type in _tokenizer_fields():
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
@@ -129,7 +129,7 @@ def write_gguf(path, model, kind_of):
         add(f"{names.get_name(stem)}.{suffix}", weight)
     rope = dict(args.rope_scaling)
     if rope.get("rope_type") == "llama3":   # llama.cpp's converter: the per-frequency divisors as a tensor
-        from rosefast.models.gguf_config import _llama3_factors
+        from rosefast.sources.gguf_config import _llama3_factors
 
         inv_freq = [1.0 / args.rope_theta ** (i / args.head_dim) for i in range(0, args.head_dim, 2)]
         writer.add_tensor("rope_freqs.weight", np.asarray(_llama3_factors(

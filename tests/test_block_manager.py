@@ -21,7 +21,7 @@ def engine(request, tiny_llama):
     if request.param == "llama":
         return LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=96, block_size=4, max_batch_size=6,
                          prefill_max_batch_size=3, max_num_batched_tokens=24)
-    from rosefast.models import tiny_random
+    from rosefast.sources import tiny_random
 
     engine = LLMEngine(model=tiny_random("mistral", sliding_window=8), dtype="float32", kv_cache_tokens=64,
                        block_size=4, max_batch_size=6, prefill_max_batch_size=3, max_num_batched_tokens=24)

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import requests
 
-from rosefast.models import load_tokenizer, tiny_random
+from rosefast.sources import load_tokenizer, tiny_random
 from tests.serving import Server, tiny_env
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]

@@ -26,8 +26,8 @@ from rosefast.engine.model_runner import ModelRunner, SeqInput
 from rosefast.engine.sampler import SampleResult
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.sequence import Sequence
-from rosefast.models import kernels
-from rosefast.models.loader import load_model
+from rosefast.kernels import layer_ops
+from rosefast.build import load_model
 from tests import fake_cuda
 
 # building a step's host values, before their one copy in
@@ -72,10 +72,10 @@ def cuda_flavour(request, monkeypatch):
     as_on_a_gpu_machine(monkeypatch)
     if request.param == "triton":
         pytest.importorskip("triton")
-        flavour = importlib.import_module("rosefast.models._kernels_triton")
+        flavour = importlib.import_module("rosefast.kernels._layer_ops_triton")
     else:
-        flavour = kernels.reference
-    monkeypatch.setattr(kernels, "_cuda", [flavour])
+        flavour = layer_ops.reference
+    monkeypatch.setattr(layer_ops, "_cuda", [flavour])
     return flavour
 
 
@@ -197,7 +197,7 @@ def test_the_check_catches_a_cpu_tensor_and_a_host_sync(tiny_llama, monkeypatch)
     """The harness itself: a step that mixes in a CPU tensor, or reads a value on the host, fails under it."""
     fake_cuda.enable()
     as_on_a_gpu_machine(monkeypatch)
-    monkeypatch.setattr(kernels, "_cuda", [kernels.reference])
+    monkeypatch.setattr(layer_ops, "_cuda", [layer_ops.reference])
     mode = FakeTensorMode()
     runner = fake_runner(tiny_llama, mode)
     seqs = [SeqInput([1, 2, 3], 0, [0])]
@@ -247,10 +247,10 @@ def test_decode_graph_bookkeeping_matches_eager_steps(tiny_llama, monkeypatch, f
     new sequence, so a padded row left writing an old slot would corrupt it. Mistral on a window of 8: its
     layers' own pool's slots and tables are static inputs too (here every block of it kept)."""
     from rosefast.engine.cuda_graph import DecodeGraphs
-    from rosefast.models import tiny_random
+    from rosefast.sources import tiny_random
     from tests.paged import BlockPool
 
-    monkeypatch.setattr(kernels, "impl", kernels.reference)   # the twin, which needs a ladder of widths
+    monkeypatch.setattr(layer_ops, "impl", layer_ops.reference)   # the twin, which needs a ladder of widths
     model = tiny_llama if family == "llama" else tiny_random("mistral", sliding_window=8)
     config = EngineConfig(model=model, dtype="float32", device="cpu", kv_cache_tokens=4096, max_model_len=512,
                           block_size=16, max_batch_size=8)
@@ -342,7 +342,7 @@ def test_triton_decode_and_prefill_attention_equal_the_twins():
 def test_the_twins_decode_scores_in_fp32_for_a_bf16_cache():
     """The CUDA fallback (no Triton) and the pure flavour: a bf16 cache's scores are not rounded to bf16 before
     the softmax — with scores of magnitude ~30 that rounding alone moves the output by several bf16 steps."""
-    from rosefast.models import _kernels_py as twin
+    from rosefast.kernels import _layer_ops_py as twin
     from rosefast.models.layers import AttentionMetadata
 
     gen = torch.Generator().manual_seed(11)

@@ -1,10 +1,10 @@
-"""A Llama layer's decode step as one call (rosefast.models.decode_layer) gives the per-op path's bits."""
+"""A Llama layer's decode step as one call (rosefast.kernels.decode_layer) gives the per-op path's bits."""
 import pytest
 import torch
 
 from rosefast.engine.llm_engine import LLMEngine
-from rosefast.models import _decode_layer_py, decode_layer, quant_ops
-from rosefast.models.tiny import tiny_random
+from rosefast.kernels import _decode_layer_py, decode_layer, quant_ops
+from rosefast.sources.tiny import tiny_random
 from tests.paged import run_ours
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9] * 7, [42]]

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from rosefast.serving.detok import IncrementalDetokenizer
 from rosefast.serving.stops import StopAutomaton
-from rosefast.models import load_tokenizer
+from rosefast.sources import load_tokenizer
 
 MULTIBYTE = "Hi 🚀 東京タワー, naïve café — 👩‍👩‍👧 ok, Ελληνικά and עברית!"
 

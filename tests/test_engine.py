@@ -4,7 +4,7 @@ import pytest
 from rosefast.engine.block_manager import BlockManager
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
-from rosefast.models import load_tokenizer
+from rosefast.sources import load_tokenizer
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 

@@ -10,7 +10,7 @@ import requests
 
 from rosefast.bench.sse_client import stream_events
 from rosefast.engine.stand_in import stand_in_text
-from rosefast.models import load_tokenizer
+from rosefast.sources import load_tokenizer
 from tests.serving import Server, free_port
 
 STREAMS, TOKENS = 2000, 64

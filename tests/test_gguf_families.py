@@ -8,10 +8,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from rosefast.models import load_hf_model, load_tokenizer, tiny_random
+from rosefast.sources import load_hf_model, load_tokenizer, tiny_random
 from rosefast.models.args import load_model_args
-from rosefast.models.loader import read_hf_state_dict
-from rosefast.models.sources import resolve_model
+from rosefast.build import read_hf_state_dict
+from rosefast.sources.resolve import resolve_model
 from tests.test_quant import TEXT
 from tests.gguf_writer import _longrope_attn_factor, write_gguf
 
@@ -115,7 +115,7 @@ def test_each_familys_q8_0_file_is_served_from_its_blocks_near_hugging_faces_num
     the directory (the int8 bound of tests/test_quant.py)."""
     from rosefast.engine.llm_engine import LLMEngine
     from rosefast.engine.sampling_params import SamplingParams
-    from rosefast.models.quant import Int8Linear
+    from rosefast.models.quantized import Int8Linear
 
     model = tiny_random(family, **FAMILY_FILES[family])
     path = tmp_path / "q8_0.gguf"
@@ -137,10 +137,10 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
     read from the file at load — and the model loaded from it is transformers' own reading of the whole file, bit
     for bit: the blocks dequantized in our order (Llama's q/k rows, Phi-3's fused q|k|v with its partial rotary),
     the rest through transformers (Gemma's norm offset)."""
-    from rosefast.models.gguf_convert import hf_model_from_gguf
+    from rosefast.sources.gguf_convert import hf_model_from_gguf
     from rosefast.models.llama import llama_state_dict
-    from rosefast.models.loader import load_model
-    from rosefast.models.sources import gguf_source, left_in_gguf
+    from rosefast.build import load_model
+    from rosefast.sources.resolve import gguf_source, left_in_gguf
 
     linear_kinds = itertools.cycle([T.Q8_0, T.Q4_0, T.Q5_1, T.Q4_1, T.Q5_0])
 
@@ -203,14 +203,14 @@ def test_a_qwen3_gguf_is_served_over_http_as_hugging_face_generates(tmp_path):
 
 
 def test_our_gguf_reader_reads_the_tensors_and_values_ggufs_own_reader_reads(tmp_path):
-    """rosefast.models.gguf_file steps over the vocabulary (kept as its length) and maps the tensors: every
+    """rosefast.sources.gguf_file steps over the vocabulary (kept as its length) and maps the tensors: every
     tensor's type, shape and bytes and every other value as gguf's reader gives them, on the embedded file and
     on a file of mixed block types."""
     import gguf
     import numpy as np
 
-    from rosefast.models.gguf_file import GGUFError, GGUFFile
-    from rosefast.models.sources import default_gguf_path
+    from rosefast.sources.gguf_file import GGUFError, GGUFFile
+    from rosefast.sources.resolve import default_gguf_path
 
     mixed = tmp_path / "mixed.gguf"
     kinds = itertools.cycle([T.Q8_0, T.Q4_0, T.Q5_1, T.F16])

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rosefast.engine.kv_cache import KVCache
-from rosefast.models import _kernels_py as twin
-from rosefast.models import kernels
+from rosefast.kernels import _layer_ops_py as twin
+from rosefast.kernels import layer_ops
 from rosefast.models.layers import AttentionMetadata
 from tests.conftest import REQUIRE_EXTENSIONS
 
@@ -18,7 +18,7 @@ from tests.conftest import REQUIRE_EXTENSIONS
 @pytest.fixture(scope="module")
 def compiled():
     try:
-        return importlib.import_module("rosefast.models._kernels_c")
+        return importlib.import_module("rosefast.kernels._layer_ops_c")
     except ImportError as e:
         if REQUIRE_EXTENSIONS:
             raise
@@ -145,7 +145,7 @@ def test_a_forced_tiers_decode_attention_is_its_own_kernel_and_matches_the_twin(
     """ROSEFAST_CPU_KERNELS keeps the decode attention to the forced tier's code (avx2: the AVX2 kernel an
     AVX2-only CPU runs, here too; scalar: the portable C): in a process so set, the kernel is that one and this
     file's decode attention tests pass on it (every shape: D = 24 and 80 take the AVX2 kernel, not AVX-512's)."""
-    from rosefast.models import quant_ops
+    from rosefast.kernels import quant_ops
 
     if forced not in quant_ops.impl.tiers():
         pytest.skip(f"this CPU does not run the {forced} tier")
@@ -192,14 +192,14 @@ def test_bad_tensors_are_refused_with_the_reason(compiled):
 
 
 def test_flavour_follows_device_and_dtype(compiled):
-    assert kernels.for_tensor(torch.ones(1)) is compiled
-    assert kernels.for_tensor(torch.ones(1, dtype=torch.bfloat16)) is compiled
-    assert kernels.for_tensor(torch.ones(1, dtype=torch.float16)) is twin
+    assert layer_ops.for_tensor(torch.ones(1)) is compiled
+    assert layer_ops.for_tensor(torch.ones(1, dtype=torch.bfloat16)) is compiled
+    assert layer_ops.for_tensor(torch.ones(1, dtype=torch.float16)) is twin
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_whole_model_same_logits_on_both_flavours(compiled, monkeypatch, arch):
-    from rosefast.models import load_tokenizer, tiny_random
+    from rosefast.sources import load_tokenizer, tiny_random
     from tests.paged import max_abs_diff, run_ours
     from tests.test_model_runner import TEXTS, runner_for
 
@@ -207,6 +207,6 @@ def test_whole_model_same_logits_on_both_flavours(compiled, monkeypatch, arch):
     tok = load_tokenizer(model)
     prompts = [tok(t).input_ids for t in TEXTS]
     fast = run_ours(runner_for(model), prompts, 6)
-    monkeypatch.setattr(kernels, "impl", twin)
+    monkeypatch.setattr(layer_ops, "impl", twin)
     ref = run_ours(runner_for(model), prompts, 6, next_tokens=[[int(s[-1].argmax()) for s in seq[:-1]] for seq in fast])
     assert max_abs_diff(fast, ref) < 1e-4

@@ -10,9 +10,10 @@ from gguf import GGMLQuantizationType as T
 from tests.gguf_writer import quantize, write_gguf
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
-from rosefast.models import _quant_ops_py, gguf_blocks, quant_ops
-from rosefast.models.quant import BlockEmbedding, BlockLinear, Int4Linear, Int8Linear
-from rosefast.models.quant_tiles import dequantize_tiles, pack_tiles
+from rosefast.kernels import _quant_ops_py, quant_ops
+from rosefast.sources import gguf_blocks
+from rosefast.models.quantized import BlockEmbedding, BlockLinear, Int4Linear, Int8Linear
+from rosefast.quant.tiles import dequantize_tiles, pack_tiles
 from tests.serving import Server, tiny_env
 
 UNPACK = {T.Q5_0: ("q5_0", gguf_blocks.unpack_q5_0), T.Q5_1: ("q5_1", gguf_blocks.unpack_q5_1),
@@ -132,8 +133,8 @@ def _mixed_kind(name):
 @pytest.fixture(scope="module")
 def mixed(default_model, tmp_path_factory):
     """A whole GGUF of a 256-wide tiny Llama in that mix, resolved (converted once) as a downloaded file is."""
-    from rosefast.models import tiny_random
-    from rosefast.models.sources import resolve_model
+    from rosefast.sources import tiny_random
+    from rosefast.sources.resolve import resolve_model
 
     path = tmp_path_factory.mktemp("kquants") / "tiny-q4_k_m.gguf"
     write_gguf(path, tiny_random("llama", hidden_size=256, intermediate_size=512), _mixed_kind)
@@ -192,9 +193,9 @@ def test_an_int8_head_asked_for_by_name_is_q8_0_whatever_the_file_holds(mixed):
 
 
 def test_the_tiles_of_a_mixed_file_are_kept_and_read_back_as_they_were(mixed, monkeypatch):
-    from rosefast.models import tiles_cache
+    from rosefast.sources import tiles_cache
     from rosefast.models.args import load_model_args
-    from rosefast.models.sources import gguf_source
+    from rosefast.sources.resolve import gguf_source
     from tests.test_quant import same_tiles
 
     args, source = load_model_args(mixed.path), gguf_source(mixed)
@@ -222,8 +223,8 @@ def _untied_kind(name):
 
 @pytest.fixture(scope="module")
 def untied(default_model, tmp_path_factory):
-    from rosefast.models import tiny_random
-    from rosefast.models.sources import resolve_model
+    from rosefast.sources import tiny_random
+    from rosefast.sources.resolve import resolve_model
 
     path = tmp_path_factory.mktemp("kquants") / "tiny-untied-q4_k_m.gguf"
     write_gguf(path, tiny_random("llama", hidden_size=256, intermediate_size=512, tie_word_embeddings=False),
@@ -236,8 +237,8 @@ def test_an_untied_embedding_is_looked_up_in_its_own_blocks_no_table_beside_them
     """The conversion leaves an untied embedding in the file too; on the kernels it is looked up in its own Q4_K
     tiles (no table: the weights served are the tiles), on torch's ops it is the table the blocks dequantize to.
     Either way each row is the file's numbers."""
-    from rosefast.models.quant import weight_bytes
-    from rosefast.models.sources import left_in_gguf
+    from rosefast.models.quantized import weight_bytes
+    from rosefast.sources.resolve import left_in_gguf
 
     assert "model.embed_tokens.weight" in left_in_gguf(untied.path)[1]   # not written into the conversion
     _, base_ids, base_ll = _run(untied, "none")
@@ -292,7 +293,7 @@ def test_the_shaped_gguf_writer_writes_an_f16_file_rosefast_reads(tmp_path):
     import gguf
 
     from benches import shaped_gguf
-    from rosefast.models import tiny_random
+    from rosefast.sources import tiny_random
     from rosefast.models.args import load_model_args
 
     path = shaped_gguf.main(["--shape", "tiny-256", "--out", str(tmp_path / "tiny-f16.gguf")])

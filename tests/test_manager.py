@@ -15,7 +15,7 @@ from rosefast.engine.sampling_params import SamplingParams
 from rosefast.errors import EngineError, OverloadedError, ShutdownError
 from rosefast.serving import manager as manager_module
 from rosefast.serving.manager import SchedulerManager
-from rosefast.models import load_tokenizer
+from rosefast.sources import load_tokenizer
 
 WORDS = ["apple", "river", "quantum", "violet", "castle", "engine", "meadow", "signal", "harbor", "pixel"]
 

@@ -4,7 +4,7 @@ import torch
 
 from rosefast.config import EngineConfig
 from rosefast.engine.model_runner import ModelRunner, SeqInput
-from rosefast.models import load_hf_model, load_tokenizer, tiny_random
+from rosefast.sources import load_hf_model, load_tokenizer, tiny_random
 from tests.paged import max_abs_diff, run_hf, run_ours
 
 TEXTS = [

@@ -5,15 +5,9 @@ import sys
 import pytest
 import torch
 
-from rosefast.models import (
-    ModelError,
-    load_hf_model,
-    load_tokenizer,
-    resolve_model,
-    tiny_random,
-)
-from rosefast.models.sources import CACHE_MARKER, atomic_cache_entry
-from rosefast.models.tiny import build_tiny
+from rosefast.sources import ModelError, load_hf_model, load_tokenizer, resolve_model, tiny_random
+from rosefast.sources.resolve import CACHE_MARKER, atomic_cache_entry
+from rosefast.sources.tiny import build_tiny
 
 
 def test_default_model_is_llama_shaped(default_model):

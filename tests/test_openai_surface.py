@@ -195,7 +195,7 @@ def test_n_forks_from_one_prefill_shares_blocks_and_frees_them(tiny_llama):
 def test_echo_logprobs_on_the_real_model_equal_hugging_face(default_model, model_cache):
     import torch
 
-    from rosefast.models import load_hf_model, load_tokenizer
+    from rosefast.sources import load_hf_model, load_tokenizer
 
     tok = load_tokenizer(default_model)
     ids = tok("The capital of France is Paris, and the capital of Italy is Rome.").input_ids
@@ -225,7 +225,7 @@ def test_generation_defaults_come_from_the_model(tiny_llama, tmp_path, default_m
     import json
     import shutil
 
-    from rosefast.models.generation import generation_defaults
+    from rosefast.sources.generation import generation_defaults
 
     assert generation_defaults(default_model) == {"temperature": 0.2, "top_p": 0.9}   # the model card's
     assert generation_defaults(tiny_llama) == {}
@@ -279,7 +279,7 @@ def _dict_chat_logprobs(strings, entries):
 
 @pytest.fixture(scope="module")
 def token_strings(default_model):
-    from rosefast.models import load_tokenizer
+    from rosefast.sources import load_tokenizer
     from server.logprobs import TokenStrings
 
     return TokenStrings(load_tokenizer(default_model))

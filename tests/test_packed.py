@@ -31,7 +31,7 @@ def linears(model):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
 def test_bf16_model_packed_gives_unpacked_logits(arch, monkeypatch):
-    from rosefast.models import load_tokenizer, tiny_random
+    from rosefast.sources import load_tokenizer, tiny_random
 
     model = tiny_random(arch)
     prompts = [load_tokenizer(model)(t).input_ids for t in TEXTS]
@@ -47,7 +47,7 @@ def test_bf16_model_packed_gives_unpacked_logits(arch, monkeypatch):
 
 
 def test_fp32_and_other_devices_stay_on_f_linear():
-    from rosefast.models import tiny_random
+    from rosefast.sources import tiny_random
 
     runner = runner_for(tiny_random("llama"), dtype="float32")
     assert set(linears(runner.model)) == {"Linear"} and runner.model.lm_head is None

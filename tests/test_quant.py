@@ -20,16 +20,18 @@ from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.models.args import load_model_args
 from rosefast.models.llama import llama_state_dict
-from rosefast.models import load_hf_model
-from rosefast.models.loader import load_model, read_hf_state_dict
-from rosefast.models import _quant_ops_py, quant_ops
-from rosefast.models.tiny import tiny_random
-from rosefast.models.gguf_blocks import (GROUP, dequantize_q4_1, dequantize_q8_0, gguf_blocks, unpack_q4_1,
-                                         unpack_q8_0)
-from rosefast.models.quant import (Int4Linear, Int8Linear, block_kernels, check_mode, head_mode, quantize_int8,
-                                   quantize_linears, quantize_q4_1, quantize_q8_0, weight_bytes)
-from rosefast.models.quant_tiles import pack_tiles, unpack_tiles
-from rosefast.models.sources import gguf_source
+from rosefast.sources import load_hf_model
+from rosefast.build import load_model, read_hf_state_dict
+from rosefast.kernels import _quant_ops_py, quant_ops
+from rosefast.sources.tiny import tiny_random
+from rosefast.quant.formats import (GROUP, dequantize_q4_1, dequantize_q8_0, quantize_int8, quantize_q4_1, quantize_q8_0,
+                                    unpack_q4_1, unpack_q8_0)
+from rosefast.sources.gguf_blocks import gguf_blocks
+from rosefast.models.quantized import (Int4Linear, Int8Linear, block_kernels, check_mode, head_mode, quantize_linears,
+                                       reads_file_tiles, weight_bytes)
+from rosefast.quant.tiles import pack_tiles, unpack_tiles
+from rosefast.sources.resolve import gguf_source
+from rosefast.sources.tiles_cache import file_tiles
 from tests.gguf_writer import write_gguf
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
@@ -298,11 +300,11 @@ def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, ti
 def test_auto_on_a_gpu_keeps_the_dtype_without_reading_the_file(tiny_llama, tmp_path):
     """auto serves a GGUF's blocks on CPU only: on another device the file is not read for them (the device
     check's first GPU run read a placeholder GGUF here and failed every engine built on it)."""
+    assert reads_file_tiles("auto", torch.device("cpu")) and reads_file_tiles("int8", torch.device("cuda"))
+    assert not reads_file_tiles("auto", torch.device("cuda")) and not reads_file_tiles("none", torch.device("cpu"))
     model, _ = load_model(tiny_llama, torch.float32, "cpu")
     model = model.to("meta")   # a device other than the CPU
-    placeholder = tmp_path / "model.gguf"
-    placeholder.write_bytes(b"GGUF stub, not a model")
-    assert quantize_linears(model, "auto", placeholder) == (0, None)
+    assert quantize_linears(model, "auto", {"linears": "blocks"}) == (0, None)
     assert not any(isinstance(m, (Int4Linear, Int8Linear)) for m in model.modules())
 
 
@@ -332,7 +334,7 @@ def same_tiles(a, b):
 def test_the_q4_1_tiles_are_kept_beside_the_converted_model(default_model, monkeypatch):
     """After the first start the kernels' tiles come from their own file (the GGUF's reader takes ~4 s on the
     tokenizer's metadata, the re-laying out seconds more), bit for bit; a damaged file is rebuilt from the GGUF."""
-    from rosefast.models import tiles_cache
+    from rosefast.sources import tiles_cache
     from rosefast.models.args import load_model_args
 
     args, source, cache = load_model_args(default_model.path), gguf_source(default_model), default_model.path
@@ -386,7 +388,7 @@ def test_q8_0_linears_in_a_gguf_are_served_as_they_are_by_int8(layout, default_m
             want = ours[f"layers.{i}.{name}.weight"].float()
             assert (got - want).abs().max() <= want.abs().max() / 127
     model, _ = load_model(model, torch.float32, "cpu")
-    count, source = quantize_linears(model, "auto", path, head="auto")   # auto: the file's own int8
+    count, source = quantize_linears(model, "auto", file_tiles(path, args), head="auto")   # auto: the file's own int8
     assert source == "the GGUF's Q8_0 blocks" and count == 4 * args.num_layers + 1
     layer = model.layers[1].gate_up
     assert isinstance(layer, Int8Linear) and isinstance(model.lm_head, Int8Linear)
@@ -406,7 +408,7 @@ def test_q4_0_linears_in_a_gguf_are_q4_1_blocks_with_m_minus_8_d(tiny_llama, tmp
     for i in range(args.num_layers):
         assert torch.equal(dequantize_q4_1(*blocks[i]["down"][0][1]), deq[f"blk.{i}.ffn_down.weight"])
     model, _ = load_model(tiny_llama, torch.float32, "cpu")
-    assert quantize_linears(model, "auto", path)[1] == "the GGUF's Q4_1 blocks"
+    assert quantize_linears(model, "auto", file_tiles(path, args))[1] == "the GGUF's Q4_1 blocks"
     assert isinstance(model.layers[0].o, Int4Linear)
 
 
@@ -463,10 +465,9 @@ def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
 # what an AVX2-only CPU gets, run under the emulator: its tiers, its decode attention, and both against the twins
 ZEN3_PROBE = """
 import json, torch
-from rosefast.models import _kernels_c, _kernels_py, _quant_ops_py, quant_ops
-from rosefast.models.quant_tiles import pack_tiles
+from rosefast.kernels import _layer_ops_c as _kernels_c, _layer_ops_py as _kernels_py, _quant_ops_py, quant_ops
+from rosefast.quant.tiles import pack_tiles
 from tests.test_kernels import decode_case
-from rosefast.models.quant import quantize_q4_1
 from rosefast.models.layers import AttentionMetadata
 qkv, kc, vc, meta = decode_case(9, 3, 64, torch.float32, [1, 5, 37])
 fresh = lambda: AttentionMetadata(False, None, meta.block_tables, context_lens=meta.context_lens)

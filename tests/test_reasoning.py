@@ -8,7 +8,7 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rosefast.models import load_tokenizer, tiny_random
+from rosefast.sources import load_tokenizer, tiny_random
 from server.reasoning import ReasoningSplit, split_reasoning
 from tests.serving import Server, tiny_env
 

@@ -606,7 +606,7 @@ def test_a_megabyte_prompt_on_the_tokenizer_endpoints_does_not_hold_the_other_st
     ~0.9 MB prompts are encoded (the encode alone takes t_encode, measured here on the same text), a bystander's
     stream keeps coming; on the hub each encode would stop it for about t_encode. The bound is a share of that
     same measurement, so it holds on a fast machine and a slow one alike."""
-    from rosefast.models import load_tokenizer
+    from rosefast.sources import load_tokenizer
 
     s = timeouts_server
     words = ["stream", "token", "batch", "merge", "queue", "kernel", "cache", "prefill"]

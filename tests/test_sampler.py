@@ -236,7 +236,7 @@ def test_rows_without_a_seed_draw_from_the_engines_generator(tiny_llama):
 
 
 def test_logprobs_equal_hugging_face_log_softmax_on_the_real_model(default_model):
-    from rosefast.models import load_hf_model
+    from rosefast.sources import load_hf_model
 
     engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, quantization="none")
     prompt = engine.tokenizer("The capital of France is").input_ids
@@ -367,7 +367,7 @@ def test_top_k_holds_for_its_rows_in_a_batch_with_rows_that_ask_none(ops):
 def test_prompt_logprobs_equal_hugging_face_over_the_prompt(default_model):
     """Every prompt position's logprob (the first has none) and top k, in one prefill, in chunks, and with
     the prompt's blocks already in the prefix cache (which must not skip a position whose logprob is asked)."""
-    from rosefast.models import load_hf_model
+    from rosefast.sources import load_hf_model
 
     engine = LLMEngine(model=default_model, dtype="float32", kv_cache_tokens=4096, block_size=4, quantization="none",
                        max_num_batched_tokens=7)

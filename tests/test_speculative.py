@@ -10,7 +10,7 @@ from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.sequence import Sequence, SequenceStatus
 from rosefast.engine.speculation import PRIOR_ROW_SHARE, NgramIndex, StepCost, Speculator
-from rosefast.models import load_tokenizer
+from rosefast.sources import load_tokenizer
 from tests.test_sampler import ALPHA, chi_square_p
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
@@ -99,7 +99,7 @@ def test_a_verification_step_computes_each_row_as_its_sequences_decode_step(tiny
     logits are bit for bit what a plain decode computes (and greedy tokens the same as without speculation, at any
     batch)."""
     from rosefast.engine.model_runner import SeqInput
-    from rosefast.models import quant_ops
+    from rosefast.kernels import quant_ops
 
     engine = make_engine(tiny_llama, "off", dtype=dtype, quantization="int4")
     for p in prompts[:3]:

@@ -9,7 +9,7 @@ from rosefast.engine.kv_cache import layer_bytes_per_token, split_budget
 from rosefast.engine.llm_engine import LLMEngine
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.window_blocks import pool_blocks
-from rosefast.models import load_hf_model, load_tokenizer, tiny_random
+from rosefast.sources import load_hf_model, load_tokenizer, tiny_random
 from rosefast.models.args import model_args_from_config
 
 TEXT = ("The tiny model says that the window is short, and then it goes on and on about the window, the blocks "

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from rosefast.models import _kernels_py as twin
+from rosefast.kernels import _layer_ops_py as twin
 from rosefast.models.layers import AttentionMetadata, prefill_attention
 
 
@@ -70,7 +70,7 @@ def prefill_case(kernels, dtype, heads, kv_heads, head_dim):
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-    from rosefast.models import _kernels_triton
+    from rosefast.kernels import _layer_ops_triton as _kernels_triton
 
     shapes = ((9, 3, 64), (4, 4, 32), (6, 2, 48))
     dtypes = (torch.float32, torch.bfloat16)

@@ -97,7 +97,7 @@ def _progress(args, total):
 
 def _model_spec(args):
     if args.model == "tiny":
-        from rosefast.models import tiny_random
+        from rosefast.sources import tiny_random
 
         return tiny_random("llama")
     return args.model
@@ -176,7 +176,7 @@ def _run(args):
     if http:
         tokenizer = None
         if args.pretok:
-            from rosefast.models import load_tokenizer
+            from rosefast.sources import load_tokenizer
 
             tokenizer = load_tokenizer(_model_spec(args))
         names = []

@@ -14,7 +14,7 @@ import time
 import torch
 
 from rosefast.device import copy_in, host_values
-from rosefast.models import kernels
+from rosefast.models.layers import for_device
 
 log = logging.getLogger("rosefast.engine")
 
@@ -66,7 +66,7 @@ class DecodeGraphs:
         self.runner = runner
         self.capture = capture or CudaCapture()
         self.sizes = ladder(max_batch)
-        ops = kernels.for_device(runner.device, runner.dtype)
+        ops = for_device(runner.device, runner.dtype)
         self.widths = width_ladder(runner.max_blocks_per_seq, ops.FOLLOWS_CONTEXT)
         n, dev = self.sizes[-1], runner.device
         self.windowed = runner.kv.window_data is not None   # the sliding-window layers' pool: its slots and tables

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rosefast.build import STAND_IN, decoding, load_tokenizer, resolve_model
 from rosefast.config import EngineConfig
 from rosefast.engine.block_manager import BlockManager
 from rosefast.device import is_fatal_device_error, upload
@@ -19,9 +20,7 @@ from rosefast.engine.speculation import Speculator
 from rosefast.engine.stand_in import StandInRunner
 from rosefast.engine.window_blocks import WindowBlocks
 from rosefast.errors import EngineDeadError
-from rosefast.models import quant_ops
 from rosefast.models.layers import long_rope_switch
-from rosefast.models.sources import STAND_IN, resolve_model
 
 log = logging.getLogger("rosefast.engine")
 SEED_SPAN = 2**63
@@ -93,8 +92,6 @@ class LLMEngine:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from rosefast.models import load_tokenizer
-
             self._tokenizer = load_tokenizer(self.model)
         return self._tokenizer
 
@@ -294,7 +291,7 @@ class LLMEngine:
                 inputs += [SeqInput([t], base + 1 + j, seq.block_table, long, seq.window_table)
                            for j, t in enumerate(proposal)]
         masks = self._masks.start(seqs)
-        with quant_ops.decoding(len(seqs)):
+        with decoding(len(seqs)):
             logits = self.runner.forward(inputs, False)
         self.speculator.steps += 1
         sampler = self.runner.sampler   # plain greedy rows (the common case): every row's argmax in one pass

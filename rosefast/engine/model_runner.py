@@ -8,16 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from rosefast.build import build_model
 from rosefast.device import resolve_device, resolve_dtype, upload, use_device
 from rosefast.engine.kv_cache import KVCache, plan_blocks
 from rosefast.engine.sampler import Sampler
-from rosefast.models import kernels
-from rosefast.models.kernels import GatherWorkspace
-from rosefast.models.layers import AttentionMetadata, long_rope_switch, rope_index
-from rosefast.models.loader import fill_linears, load_model
-from rosefast.models.packed import pack_linears
-from rosefast.models.quant import check_mode, quantize_linears, weight_bytes
-from rosefast.models.sources import gguf_source, resolve_model
+from rosefast.models.layers import AttentionMetadata, GatherWorkspace, long_rope_switch, rope_index
 
 log = logging.getLogger("rosefast.engine")
 
@@ -71,25 +66,10 @@ class ModelRunner:
     def _load(self, config, model):
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        check_mode(config.quantization, self.device)
-        resolved = resolve_model(model or config.model)
-        with torch.inference_mode():
-            # a GGUF served from its blocks: its layer linears stay in the file unless a dense one is asked for
-            self.model, self.args = load_model(resolved, self.dtype, self.device, lean=config.quantization != "none")
-            source = gguf_source(resolved)
-            quantize_linears(self.model, config.quantization, source, head=config.quantize_lm_head,
-                             cache_dir=resolved.path if source is not None else None, kernels=config.cpu_kernels)
-            # what the blocks were not put in for: auto on a GPU, a tied embedding not looked up in the head's blocks
-            fill_linears(self.model, resolved)
-            pack_linears(self.model, batch_hint=config.max_batch_size)
-            if hasattr(self.model, "plan_decode_layers"):
-                refused = self.model.plan_decode_layers()
-                log.info("decode steps: %s; decode attention: %s", "one call per layer (the linears on the block "
-                         "kernels)" if refused is None else f"per op ({refused})",
-                         kernels.for_device(self.device, self.dtype).attention_kernel())
-            size, count = weight_bytes(self.model)
-            log.info("weights: %.1f MB, %.2f bytes per weight (%s, quantization %s)", size / 1e6, size / count,
-                     self.dtype, config.quantization)
+        built = build_model(model or config.model, self.device, self.dtype, config.quantization,
+                            quantize_lm_head=config.quantize_lm_head, cpu_kernels=config.cpu_kernels,
+                            batch_hint=config.max_batch_size)
+        self.model, self.args = built.module, built.args
 
     def profile(self):
         """The largest steps the engine can take, once, on a one-block cache (every slot the scratch block's):

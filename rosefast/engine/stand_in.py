@@ -90,7 +90,7 @@ class StandInRunner:
     to show)."""
 
     def __init__(self, config, model):
-        from rosefast.models import load_tokenizer
+        from rosefast.build import load_tokenizer
 
         self.config = config
         self.device, self.dtype = torch.device("cpu"), "no model"

@@ -3,8 +3,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rosefast.models.families import FAMILIES
-from rosefast.models.sources import ModelError, check_architecture
+from rosefast.errors import ModelError
+from rosefast.models.registry import FAMILIES, check_architecture
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class ModelArgs:
     rope_scaling: tuple = ()     # sorted (key, value) pairs of the config's rope parameters
     rotary_dim: int = 0          # RoPE on each head's first rotary_dim dims (0: all; Phi-4-mini: 3/4 of them)
     eos_token_ids: tuple = ()
-    family: str = "llama"        # the Hugging Face model_type (a key of rosefast.models.families.FAMILIES)
+    family: str = "llama"        # the Hugging Face model_type (a key of rosefast.models.registry.FAMILIES)
     sliding_window: int = 0      # attention sees the last W positions (0: all): every layer, or Gemma's local ones
     gemma: bool = False          # Gemma's layer and embedding (families.Family.gemma)
     attention_scale: float = 0.0 # 0: head_dim ** -0.5
@@ -124,6 +124,7 @@ def model_args_from_config(config):
         mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=family.qk_norm, rope_theta=theta, rope_scaling=scaling,
         eos_token_ids=_eos(config), family=model_type, sliding_window=int(config.get("sliding_window") or 0)
         if config.get("use_sliding_window", True) else 0, **gemma,
+        **(family.args_fields(config) if family.args_fields is not None else {}),
     )
 
 

@@ -2,7 +2,7 @@
 import torch.nn.functional as F
 from torch import nn
 
-from rosefast.models import kernels
+from rosefast.kernels import layer_ops
 from rosefast.models.layers import attention, embedding
 
 
@@ -38,7 +38,7 @@ class GPT2Model(nn.Module):
 
     def forward(self, input_ids, positions, meta, kv_caches):
         x = self.wte(input_ids) + self.wpe(positions)
-        ops = kernels.for_tensor(x)
+        ops = layer_ops.for_tensor(x)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = layer(x, meta, k_cache, v_cache, ops)
         return x

@@ -5,13 +5,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rosefast.models.sources import ModelError
+from rosefast.errors import ModelError
+from rosefast.kernels.layer_ops import GatherWorkspace, for_device  # noqa: F401 (the engine's view of the kernels)
 
 
 def embedding(rows, width):
     """An embedding table the checkpoint fills (load_model assigns it): left uninitialized, since a random
     init on the meta device, where models are built, imports torch's compiler stack (~1 s a process)."""
     return torch.nn.Embedding(rows, width, _weight=torch.empty(rows, width))
+
+
+LINEARS = ("qkv", "o", "gate_up", "down")   # a layer's linears (fused q|k|v and gate|up), by their names
 
 
 @dataclass
@@ -46,6 +50,8 @@ def _scaled_inv_freq(args, dim, long=False):
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         return inv_freq
+    if rope_type == "none":   # no positional encoding (NoPE layers): cos 1, sin 0, q and k as they are
+        return torch.zeros_like(inv_freq)
     if rope_type == "linear":
         return inv_freq / params["factor"]
     if rope_type == "longrope":   # its short factors, or past the switch its long ones (long_rope_switch)

@@ -1,13 +1,13 @@
 """The Llama family on the paged KV cache: Llama, SmolLM2, TinyLlama, Qwen2 (q/k/v bias) and Qwen3 (per-head
-q/k RMSNorm before RoPE); what each family adds is a flag of its ModelArgs (rosefast.models.families)."""
+q/k RMSNorm before RoPE); what each family adds is a flag of its ModelArgs (rosefast.models.registry)."""
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rosefast.models import decode_layer, kernels
-from rosefast.models.families import FAMILIES
+from rosefast.kernels import decode_layer, layer_ops
+from rosefast.models.registry import FAMILIES
 from rosefast.models.layers import attention, embedding, rope_cache
 
 
@@ -80,7 +80,7 @@ class LlamaModel(nn.Module):
         self.decode_plans = None   # one call per layer for decode steps (plan_decode_layers)
 
     def plan_decode_layers(self):
-        """Decode steps as one call per layer (rosefast.models.decode_layer) when every layer fits there (its
+        """Decode steps as one call per layer (rosefast.kernels.decode_layer) when every layer fits there (its
         linears on the block kernels, on the CPU, and nothing the plan does not implement). Returns None when
         they do, else why not (the plan refuses a layer part it does not know by its name, never skips it)."""
         impl = decode_layer.impl
@@ -97,7 +97,7 @@ class LlamaModel(nn.Module):
         x = self.embed(input_ids)
         if self.args.gemma:   # x sqrt(hidden), rounded to the weights' dtype first (as Gemma's own)
             x = x * torch.tensor(self.args.hidden_size ** 0.5, dtype=x.dtype)
-        ops = kernels.for_tensor(x)
+        ops = layer_ops.for_tensor(x)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]     # [T, D] each
         if self.args.local_layers:   # (local_layers: a tuple of a few layer numbers)
             local = (self.local_cos[positions], self.local_sin[positions])
@@ -121,7 +121,7 @@ class LlamaModel(nn.Module):
         return x.add_(residual)
 
     def logits(self, hidden):
-        h = kernels.for_tensor(hidden).rms_norm(hidden, self.norm, self.args.norm_eps)
+        h = layer_ops.for_tensor(hidden).rms_norm(hidden, self.norm, self.args.norm_eps)
         return self.head(h)
 
     def head(self, h):

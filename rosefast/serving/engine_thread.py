@@ -89,7 +89,7 @@ class EngineThread:
 
     def _load(self):
         from rosefast.engine.llm_engine import LLMEngine
-        from rosefast.models import load_tokenizer, resolve_model
+        from rosefast.build import load_tokenizer, resolve_model
 
         model = resolve_model(self.config.model)
         tokenizer = self._tokenizer_override or load_tokenizer(model)   # the worker's one tokenizer: the engine's

@@ -3,14 +3,14 @@ and a min), int8 as its Q8_0 (group 32, a scale) or per output channel, and a GG
 the formats the kernels take (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; a K-quant file such as Q4_K_M mixes
 them tensor by tensor).
 
-    count, source = quantize_linears(model, "auto", gguf_path)   # the file's blocks, else quantized at load
+    count, source = quantize_linears(model, "auto", file_tiles)   # the file's blocks, else quantized at load
 
 int4 is y = x W^T with W[n, k] = d[n, g] q[n, k] + m[n, g] (g = k // 32, q in 0..15): Q4_1 exactly. A GGUF
 file's blocks and its lm_head's are taken as they are — no dequantize-and-requantize round trip; a fused q|k|v
 whose parts differ in type is one BlockLinear of three parts — and a Hugging Face directory is quantized at load
 with Q4_1's scheme (per group: d = (max - min) / 15, m = min; Q8_0: d = max |W| / 127).
 
-Two ways to run them. Our kernels (rosefast.models.quant_ops, csrc/quant_kernels.h), on the tier the CPU runs
+Two ways to run them. Our kernels (rosefast.kernels.quant_ops, csrc/quant_kernels.h), on the tier the CPU runs
 (AVX-512 VNNI, AVX-VNNI, AVX2, NEON or portable C; ROSEFAST_CPU_KERNELS picks one), on the blocks' own numbers
 (re-laid out in tiles of 16 rows), the activations as two int8 digits per 32 inputs (finer than bf16; one digit,
 llama.cpp's way, parted greedy texts): 1.5-3x torch's ops on AVX-512 VNNI. Or torch's CPU weight-only ops (the
@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from rosefast.config import QUANTIZATION_MODES
-from rosefast.models import quant_ops
-from rosefast.models.gguf_blocks import GROUP, LINEARS, dequantize_q8_0
+from rosefast.kernels import quant_ops
+from rosefast.models.layers import LINEARS
+from rosefast.quant.formats import GROUP, dequantize_q8_0, quantize_int8, quantize_q4_1, quantize_q8_0
 from rosefast.models.packed import PackedLinear
-from rosefast.models.quant_tiles import dequantize_parts, dequantize_tiles, pack_tiles, unpack_tiles
-from rosefast.models.tiles_cache import cached_tiles
+from rosefast.quant.tiles import dequantize_parts, dequantize_tiles, pack_tiles, unpack_tiles
 
 log = logging.getLogger("rosefast.engine")
 
@@ -217,35 +217,6 @@ class Int8Linear(_TiledLinear):
                    else "int8 per channel, torch op"))
 
 
-def quantize_q4_1(weight):
-    """[N, K] float -> (q [N, K] uint8 0..15, d, m [N, K / 32] fp16): Q4_1 as llama.cpp makes it."""
-    n, k = weight.shape
-    w = weight.to(torch.float32).reshape(n, k // GROUP, GROUP)
-    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
-    d = ((hi - lo) / 15).to(torch.float16)
-    m = lo.to(torch.float16)
-    inv = torch.where(d != 0, 1 / d.to(torch.float32), torch.zeros_like(lo))
-    q = ((w - m.to(torch.float32)[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.uint8)
-    return q.reshape(n, k), d, m
-
-
-def quantize_q8_0(weight):
-    """[N, K] float -> (q [N, K] int8, d [N, K / 32] fp16): Q8_0 as llama.cpp makes it."""
-    n, k = weight.shape
-    w = weight.to(torch.float32).reshape(n, k // GROUP, GROUP)
-    amax = w.abs().amax(dim=-1)
-    d = (amax / 127).to(torch.float16)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    return (w * inv[..., None]).round().clamp(-127, 127).to(torch.int8).reshape(n, k), d
-
-
-def quantize_int8(weight):
-    """[N, K] float -> (q int8, scale [N] fp32): symmetric per output channel."""
-    w = weight.to(torch.float32)
-    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
-    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
-
-
 def check_mode(mode, device):
     if mode not in QUANTIZATION_MODES:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {mode!r}")
@@ -282,17 +253,22 @@ def _described(tiles):
     return "|".join(t.fmt.upper() for t in tiles)
 
 
-def quantize_linears(model, mode, gguf_path=None, head="none", cache_dir=None, kernels="auto"):
+def reads_file_tiles(mode, device):
+    """Whether quantize_linears in `mode` on `device` takes a GGUF's blocks (tiles_cache.cached_tiles): auto on a
+    GPU keeps its dtype, and the file is not read for them there."""
+    return mode != "none" and not (mode == "auto" and device.type != "cpu")
+
+
+def quantize_linears(model, mode, from_file=None, head="none", kernels="auto"):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head, by `head_mode(head, mode)`) by quantized
-    ones; a GGUF file's blocks are taken as they are where they are the mode's own (Q4_1 linears for int4,
-    Q8_0 for int8; any other block formats for auto; the file's own head blocks for an int8 head; kept in
-    `cache_dir` for the next start); "auto" is the file's own blocks, whatever their formats, when every linear
+    ones; a GGUF file's blocks (`from_file`: the file's tiles, rosefast.sources.tiles_cache) are taken as they
+    are where they are the mode's own (Q4_1 linears for int4, Q8_0 for int8; any other block formats for auto;
+    the file's own head blocks for an int8 head); "auto" is the file's own blocks, whatever their formats, when every linear
     is in one the kernels take, else nothing; `kernels`: a cpu_kernels setting. Returns (layers replaced,
     source)."""
-    if mode == "none" or (mode == "auto" and model.norm.device.type != "cpu"):   # auto on a GPU: its dtype
+    if not reads_file_tiles(mode, model.norm.device):   # none, or auto on a GPU: its dtype
         return 0, None
     kernels = block_kernels(kernels)
-    from_file = cached_tiles(gguf_path, model.args, cache_dir) if gguf_path is not None else None
     own = {"q4_1": "int4", "q8_0": "int8", "blocks": "blocks"}.get(from_file["linears"]) if from_file else None
     if mode == "auto":
         if own is None:

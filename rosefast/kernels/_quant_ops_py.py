@@ -4,7 +4,7 @@ then the scales and mins) up to the order of the float sums. Unpacks the tiles e
 serving (its `tiers()` is empty)."""
 import torch
 
-from rosefast.models.quant_tiles import FORMATS, K_FORMATS, SUPER, Tiles, block_bytes, dequantize_tiles, unpack_tiles
+from rosefast.quant.tiles import FORMATS, K_FORMATS, SUPER, Tiles, block_bytes, dequantize_tiles, unpack_tiles
 
 MAX_PARTS = 8   # csrc's RF_QPARTS
 

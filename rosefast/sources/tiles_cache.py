@@ -11,8 +11,8 @@ import logging
 import os
 from pathlib import Path
 
-from rosefast.models.gguf_blocks import gguf_blocks
-from rosefast.models.quant_tiles import Tiles, pack_tiles
+from rosefast.sources.gguf_blocks import gguf_blocks
+from rosefast.quant.tiles import Tiles, pack_tiles
 
 log = logging.getLogger("rosefast.engine")
 

@@ -3,7 +3,7 @@
 default model carries the settings its model card recommends."""
 import json
 
-from rosefast.models.sources import DEFAULT_MODEL
+from rosefast.sources.resolve import DEFAULT_MODEL
 
 FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # SmolLM2-135M-Instruct's model card generates with temperature 0.2, top_p 0.9; its GGUF has no

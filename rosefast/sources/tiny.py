@@ -3,7 +3,8 @@ import hashlib
 import json
 import shutil
 
-from rosefast.models.sources import ResolvedModel, atomic_cache_entry, check_architecture, resolve_model, write_marker
+from rosefast.models.registry import FAMILIES
+from rosefast.sources.resolve import ResolvedModel, atomic_cache_entry, check_architecture, resolve_model, write_marker
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
@@ -51,6 +52,11 @@ RANDOM_NORMS = {"qwen3", "mistral", "phi3", "gemma3_text"}   # families whose ti
 def _config(arch, vocab_size, special, overrides):
     import transformers
 
+    family = FAMILIES.get(arch)
+    if family is not None and family.tiny:   # a family written as its own module names its tiny model there
+        kwargs = dict(family.tiny, vocab_size=vocab_size, **special)
+        kwargs.update(overrides)
+        return getattr(transformers, family.hf_config)(**kwargs)
     cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
            "mistral": transformers.MistralConfig, "phi3": transformers.Phi3Config,
            "gemma3_text": transformers.Gemma3TextConfig, "gpt2": transformers.GPT2Config}[arch]
@@ -86,7 +92,7 @@ def build_tiny(dest, arch, seed, overrides, tokenizer_dir):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        if arch in RANDOM_NORMS:   # norms initialized to ones would hide a weight applied wrongly
+        if arch in RANDOM_NORMS or FAMILIES[arch].tiny:   # norms initialized to ones would hide a weight applied wrongly
             with torch.no_grad():
                 for name, p in model.named_parameters():
                     if name.endswith("norm.weight"):

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from rosefast.device import upload
 
-from rosefast.models._kernels_py import (  # noqa: F401 (the flavour's API)
+from rosefast.kernels._layer_ops_py import (  # noqa: F401 (the flavour's API)
     decode_shapes,
     gelu_tanh_mul,
     rms_norm,
@@ -269,7 +269,7 @@ def attention_kernel():
 def decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, window=0):
     decode_shapes(qkv, num_heads, num_kv_heads, k_cache, meta)
     if qkv.stride(-1) != 1 or not supports(k_cache):
-        from rosefast.models import _kernels_py
+        from rosefast.kernels import _layer_ops_py as _kernels_py
 
         return _kernels_py.decode_attention(qkv, num_heads, num_kv_heads, k_cache, v_cache, meta, scale, window)
     return paged_decode_attention(qkv, k_cache, v_cache, meta.block_tables, meta.context_lens, num_heads,

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from rosefast._select import select
 from rosefast.config import CPU_KERNELS
 
-impl = select("quant_ops", package="rosefast.models")
+impl = select("quant_ops", package="rosefast.kernels")
 
 
 class _Step(threading.local):

@@ -3,7 +3,7 @@
 family has them (Qwen3, Gemma 3), RoPE and the K/V store, paged attention, the o linear (then Gemma's norm of
 it), RMSNorm, gate|up, SiLU-mul (Gemma: tanh-GELU) and down (then Gemma's norm of it), each the C kernel the per-op path runs (csrc/decode_kernels.h, csrc/quant_kernels.h) in the same order,
 so the results are the same bits; twin: _decode_layer_py (the layer's own forward). For layers whose four
-linears run on the block kernels (rosefast.models.quant), fp32 or bf16, on the CPU.
+linears run on the block kernels (rosefast.models.quantized), fp32 or bf16, on the CPU.
 
     if fits(layer): plan = LayerPlan(layer)                       # once: the weights' pointers
     step = StepInputs(cos, sin, meta)                             # once a step: what every layer shares
@@ -16,8 +16,8 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 
 import torch
 
-from rosefast.models import quant_ops
-from rosefast.models.quant_tiles import FORMATS
+from rosefast.kernels import quant_ops
+from rosefast.quant.tiles import FORMATS
 
 from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_gelu_tanh_mul_bf16,
                              rf_gelu_tanh_mul_f32, rf_rms_norm_bf16, rf_rms_norm_f32, rf_silu_mul_bf16,
@@ -38,7 +38,7 @@ cdef struct Linear:
 
 def _tier(layer):
     """The one compiled tier all four of the layer's linears run on, else None."""
-    from rosefast.models._quant_ops_c import Tier
+    from rosefast.kernels._quant_ops_c import Tier
     found = [getattr(getattr(layer, name), "kernels", None) for name in ("qkv", "o", "gate_up", "down")]
     return found[0] if all(isinstance(k, Tier) and k is found[0] for k in found) else None
 

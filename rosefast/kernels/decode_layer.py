@@ -8,7 +8,7 @@ layer's own forward).
 """
 from rosefast._select import select
 
-impl = select("decode_layer", package="rosefast.models")
+impl = select("decode_layer", package="rosefast.kernels")
 
 # What the plan implements of a LlamaLayer: its two norms, its per-head q/k norms (Qwen3, Gemma 3), Gemma's norms
 # of the attention's and the MLP's outputs, and its four linears (any flavour of them)

@@ -14,8 +14,8 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 import torch
 
 from rosefast.config import CPU_KERNELS
-from rosefast.models import _quant_ops_py
-from rosefast.models.quant_tiles import FORMATS
+from rosefast.kernels import _quant_ops_py
+from rosefast.quant.tiles import FORMATS
 
 from quant_kernels cimport rf_qweights, rf_quant_linear_rows, rf_quant_own_rows, rf_quant_rows, rf_quant_tier_ok
 

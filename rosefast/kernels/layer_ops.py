@@ -14,11 +14,11 @@ import torch
 
 from rosefast._select import select
 from rosefast.config import process_setting
-from rosefast.models import _kernels_py as reference
+from rosefast.kernels import _layer_ops_py as reference
 
 GatherWorkspace = reference.GatherWorkspace   # the torch twin's decode gather buffers (the runner keeps one)
 
-impl = select("kernels", package="rosefast.models")
+impl = select("layer_ops", package="rosefast.kernels")
 _COMPILED_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -30,7 +30,7 @@ def cuda_flavour():
         flavour = reference
         if process_setting("ROSEFAST_TRITON"):
             try:
-                from rosefast.models import _kernels_triton as flavour
+                from rosefast.kernels import _layer_ops_triton as flavour
             except ImportError:
                 pass
         _cuda.append(flavour)

@@ -14,8 +14,8 @@ import functools
 import sys
 from contextlib import contextmanager
 
-from rosefast.models.families import FAMILIES
-from rosefast.models.sources import ModelError, check_architecture, write_marker
+from rosefast.models.registry import FAMILIES, GGUF_READ_AS
+from rosefast.sources.resolve import ModelError, check_architecture, write_marker
 
 
 class _ArraysNotMemmaps:
@@ -34,6 +34,31 @@ class _ArraysNotMemmaps:
         return numpy.memmap(*args, **kwargs).view(numpy.ndarray)
 
 
+def _shown_as_known(reader):
+    """A gguf reader of a file whose architecture transformers' GGUF reader does not know, shown as one it knows
+    with the same tensors (registry.GGUF_READ_AS: SmolLM3's as Llama's): the architecture field and its keys
+    renamed. The family's gguf_fixes put back what the file is (rosefast.sources.gguf_config)."""
+    import numpy as np
+
+    field = reader.fields.get("general.architecture")
+    arch = field.contents() if field is not None else None
+    shown = GGUF_READ_AS.get(arch)
+    if shown is None:
+        return reader
+    parts = list(field.parts)
+    parts[field.data[0]] = np.frombuffer(shown.encode(), dtype=np.uint8)
+    fields = {}
+    for key, value in reader.fields.items():
+        if key == "general.architecture":
+            value = value._replace(parts=parts)
+        elif key.startswith(arch + "."):
+            key = shown + key[len(arch):]
+            value = value._replace(name=key)
+        fields[key] = value
+    reader.fields = fields
+    return reader
+
+
 @contextmanager
 def _gguf_parsed_once():
     """While transformers converts a GGUF, gguf's reader parses the file once and its tensor-name map is built
@@ -45,7 +70,7 @@ def _gguf_parsed_once():
     import transformers.modeling_gguf_pytorch_utils as hf_gguf
 
     saved = gguf.GGUFReader, gguf.get_tensor_name_map, gguf.gguf_reader.np, hf_gguf.load_gguf_checkpoint
-    gguf.GGUFReader = functools.lru_cache(maxsize=1)(saved[0])
+    gguf.GGUFReader = functools.lru_cache(maxsize=1)(lambda *a, **k: _shown_as_known(saved[0](*a, **k)))
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(saved[1])
     gguf.gguf_reader.np = _ArraysNotMemmaps()
     metadata = functools.lru_cache(maxsize=1)(saved[3])
@@ -67,8 +92,8 @@ def _config(gguf):
     inside _gguf_parsed_once."""
     from transformers import AutoConfig
 
-    from rosefast.models.gguf_config import gguf_config_fixes
-    from rosefast.models.gguf_file import GGUFFile
+    from rosefast.sources.gguf_config import gguf_config_fixes
+    from rosefast.sources.gguf_file import GGUFFile
 
     try:
         config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -76,6 +101,11 @@ def _config(gguf):
         raise ModelError(f"{str(gguf)!r} is not a readable GGUF model: {e}") from e
     as_dict = config.to_dict()
     fixes = gguf_config_fixes(GGUFFile(gguf), as_dict)
+    if fixes.get("model_type", config.model_type) != config.model_type:   # read as another (GGUF_READ_AS)
+        from transformers import AutoConfig
+
+        merged = {k: v for k, v in {**as_dict, **fixes}.items() if k != "model_type"}
+        return AutoConfig.for_model(fixes["model_type"], **merged)
     return type(config).from_dict({**as_dict, **fixes}) if fixes else config
 
 
@@ -121,8 +151,8 @@ def convert_gguf(gguf, dest):
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rosefast.models.gguf_blocks import block_linears
-    from rosefast.models.gguf_file import GGUFFile
+    from rosefast.sources.gguf_blocks import block_linears
+    from rosefast.sources.gguf_file import GGUFFile
 
     kwargs = {"gguf_file": gguf.name}
     with tqdm(total=4, desc=f"rosefast: converting {gguf.name} (once)", unit="step", file=sys.stderr) as bar, \

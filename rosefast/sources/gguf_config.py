@@ -11,6 +11,8 @@ which llama.cpp writes as a tensor.
 """
 import math
 
+from rosefast.models.registry import gguf_family
+
 
 def _tensor(reader, name):
     t = reader.tensors.get(name)
@@ -121,4 +123,7 @@ def gguf_config_fixes(reader, config):
         fixes.update(_phi3(reader, config, head_dim))
     elif arch == "gemma3":
         fixes.update(_gemma3(reader, config, head_dim))
+    family = gguf_family(arch)
+    if family is not None and family.gguf_fixes is not None:
+        fixes.update(family.gguf_fixes(reader, {**config, **fixes}))
     return fixes

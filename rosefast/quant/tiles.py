@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rosefast.models.gguf_blocks import GROUP
+from rosefast.quant.formats import GROUP
 
 ROWS = 16
 FORMATS = ("q4_1", "q8_0", "q5_1", "q4_k", "q5_k", "q6_k", "q5_0")

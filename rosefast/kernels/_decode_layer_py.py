@@ -1,6 +1,6 @@
 """One Llama layer's decode step: the reference twin of _decode_layer_c — the layer's own forward, one op at a
-time through the kernels' flavour for x (rosefast.models.kernels)."""
-from rosefast.models import kernels
+time through the kernels' flavour for x (rosefast.kernels.layer_ops)."""
+from rosefast.kernels import layer_ops
 
 
 def fits(layer):
@@ -12,7 +12,7 @@ class LayerPlan:
         self.layer = layer
 
     def __call__(self, x, residual, step, k_cache, v_cache):
-        return self.layer.forward(x, residual, step.cos, step.sin, step.meta, k_cache, v_cache, kernels.for_tensor(x))
+        return self.layer.forward(x, residual, step.cos, step.sin, step.meta, k_cache, v_cache, layer_ops.for_tensor(x))
 
 
 class StepInputs:
