@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= What is continuous batching in LLM serving?
 
-.PHONY: install build test test-avx2 bench generate serve serve-replicas cross-tools browser FORCE
+.PHONY: install build test test-fast test-avx2 bench generate serve serve-replicas cross-tools browser FORCE
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
@@ -79,6 +79,14 @@ test: build cross-tools browser
 	wait $$pure; twins=$$?; \
 	echo "+ the pure-twin run, beside it:"; cat $$locks/pure-twins.log; \
 	[ $$main = 0 ] && [ $$twins = 0 ]
+
+# The edit-test loop: the hot paths on both flavours, the settings, the layering, the scheduler and the sampler; no
+# model load, no server (well under 2 minutes on 2 cores).
+FAST_TESTS := tests/test_admission.py tests/test_collector.py tests/test_fanout.py tests/test_waker.py \
+	tests/test_histogram.py tests/test_sse.py tests/test_config.py tests/test_layout.py tests/test_block_manager.py \
+	tests/test_merge_growth.py
+test-fast: build
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(FAST_TESTS)
 
 # The suite on AVX2 code alone, on any x86-64 CPU: our avx2 tier and AVX2 decode attention, torch's AVX2 kernels and
 # oneDNN's (no native bf16 then, so fp32 by default), as an AVX2-only CPU (Zen 1-3, Intel before Ice Lake) runs it.

@@ -192,7 +192,7 @@ if (( ONLINE )); then
   "$PY" -c "import gguf" 2>/dev/null || timeout 60 $PIP install -q gguf || note "pip install gguf failed"
 fi
 MODEL_KIND=none
-if timeout 180 "$PY" -c "from rosefast.models import resolve_model; m = resolve_model(); print('default model:', m.path, m.source)"; then
+if timeout 180 "$PY" -c "from rosefast.sources import resolve_model; m = resolve_model(); print('default model:', m.path, m.source)"; then
   MODEL_KIND=real
 elif [[ -d ${DEVCARRY:-$REPO/.devcarry}/smollm2 ]]; then
   note "the real SmolLM2 weights are not installable here: a random-weight model of its shape stands in (stub-random)"
@@ -244,7 +244,7 @@ path, made = atomic_cache_entry(_cache_key(gguf), build)
 print("stub-random default model at", path, "(built)" if made else "(reused)")
 EOF
   if timeout 180 "$PY" "$WORK/stub_model.py" "${DEVCARRY:-$REPO/.devcarry}/smollm2" "$WORK/stub" \
-     && timeout 60 "$PY" -c "from rosefast.models import resolve_model; print('default model:', resolve_model().path)"; then
+     && timeout 60 "$PY" -c "from rosefast.sources import resolve_model; print('default model:', resolve_model().path)"; then
     MODEL_KIND=stub-random
   fi
 else

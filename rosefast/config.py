@@ -14,6 +14,10 @@ PROCESS_VARIABLES = {
     "ROSEFAST_NO_EXTENSIONS": ("0", "1: build and use the pure-Python twins of the compiled modules only"),
 }
 
+#: the variables the build, the test suite and the benchmarks read (never the server): known, so not refused
+TOOL_VARIABLES = ("ROSEFAST_BUILD_MODULES", "ROSEFAST_DEBUG_BUILD", "ROSEFAST_REQUIRE_EXTENSIONS", "ROSEFAST_TEST_CACHE",
+                  "ROSEFAST_TEST_LOCKS", "ROSEFAST_ARTIFACTS", "ROSEFAST_LLAMA_SERVER", "ROSEFAST_SOAK_SECONDS")
+
 
 def process_setting(name):
     """A PROCESS_VARIABLES setting as the environment has it now: the flags ("0"/"1" defaults) as bool, the

@@ -3,10 +3,11 @@
 Host and port are gunicorn's (`--bind`, or gunicorn.conf.py). A bad value stops the start-up with a
 message naming the variable.
 """
+import difflib
 import os
 from dataclasses import dataclass, fields
 
-from rosefast.config import PROCESS_VARIABLES, EngineConfig
+from rosefast.config import PROCESS_VARIABLES, TOOL_VARIABLES, EngineConfig
 
 PREFIX = "ROSEFAST_"
 
@@ -104,9 +105,27 @@ def _parse(field, raw):
         raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__}: {e}") from None
 
 
+def known_variables():
+    """Every ROSEFAST_* name something here reads: the settings, the process variables, the tools'."""
+    return {PREFIX + f.name.upper() for f in fields(ServerConfig)} | set(PROCESS_VARIABLES) | set(TOOL_VARIABLES)
+
+
+def _refuse_unknown(environ):
+    """ConfigError for a ROSEFAST_* variable nothing reads (a typo, or a setting that does not exist), naming the
+    nearest known one: a setting that silently does nothing is worse than a start that stops."""
+    known = known_variables()
+    unknown = sorted(name for name in environ if name.startswith(PREFIX) and name not in known)
+    if unknown:
+        name = unknown[0]
+        near = difflib.get_close_matches(name[len(PREFIX):], sorted(k[len(PREFIX):] for k in known), n=1, cutoff=0.6)
+        hint = f"; did you mean {PREFIX}{near[0]}?" if near else ""
+        raise ConfigError(f"{name} is not a rosefast setting{hint} (every setting: docs/server.md#configuration)")
+
+
 def server_config_from_env(environ=None):
     """ServerConfig from ROSEFAST_* variables; raises ConfigError naming the variable that is wrong."""
     environ = os.environ if environ is None else environ
+    _refuse_unknown(environ)
     values = {}
     for f in fields(ServerConfig):
         raw = environ.get(PREFIX + f.name.upper())

@@ -41,7 +41,7 @@ def test_every_field_has_its_variable_and_its_readme_row_with_the_default():
 
     names = {f.name for f in fields(ServerConfig)}
     assert {f.name for f in fields(EngineConfig)} <= names   # the engine's settings, once, by inheritance
-    readme = open("README.md", encoding="utf-8").read()
+    readme = open("docs/server.md", encoding="utf-8").read()   # the configuration table
     missing = [f"| `{name}` | `{default if default != '' else repr('')}` |" for name, default in documented_variables()]
     missing = [row for row in missing if row not in readme]
     assert not missing
@@ -56,3 +56,18 @@ def test_a_config_built_in_code_is_checked_as_one_from_the_environment(field, va
 
     with pytest.raises(ValueError, match=f"^{field} must be"):
         ServerConfig(**{field: value})
+
+
+@pytest.mark.parametrize("name, near", [("ROSEFAST_KV_CACHE_DTYPE", "ROSEFAST_KV_CACHE_TOKENS"),
+                                        ("ROSEFAST_MAX_INFLIGHT", "ROSEFAST_MAX_INFLIGHT_REQUESTS"),
+                                        ("ROSEFAST_WHATEVER", None)])
+def test_an_unknown_variable_stops_the_start_with_the_nearest_known_name(name, near):
+    with pytest.raises(ConfigError) as e:
+        server_config_from_env({"ROSEFAST_MODEL": "stand-in", name: "q8_0"})
+    assert str(e.value).startswith(f"{name} is not a rosefast setting")
+    assert (f"did you mean {near}?" in str(e.value)) if near else "did you mean" not in str(e.value)
+
+
+def test_the_tools_variables_and_the_process_variables_are_known():
+    server_config_from_env({"ROSEFAST_TEST_CACHE": "/tmp/x", "ROSEFAST_REQUIRE_EXTENSIONS": "1",
+                            "ROSEFAST_CACHE": "/tmp/y", "ROSEFAST_NO_EXTENSIONS": "1", "OTHER_VARIABLE": "1"})

@@ -150,7 +150,7 @@ def test_a_forced_tiers_decode_attention_is_its_own_kernel_and_matches_the_twin(
     if forced not in quant_ops.impl.tiers():
         pytest.skip(f"this CPU does not run the {forced} tier")
     env = {**os.environ, "ROSEFAST_CPU_KERNELS": forced}
-    probe = subprocess.run([sys.executable, "-c", "from rosefast.models import _kernels_c as k; "
+    probe = subprocess.run([sys.executable, "-c", "from rosefast.kernels import _layer_ops_c as k; "
                             "print(k.attention_kernel())"], env=env, capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == kernel, probe.stderr
     root = Path(__file__).parent.parent
