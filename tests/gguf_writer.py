@@ -31,11 +31,6 @@ def quantize(w, kind):
 _FLOATS = {T.F16: np.float16, T.F32: np.float32}
 
 
-#: our families -> the GGUF architecture llama.cpp's converter writes them as
-GGUF_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-             "gemma3_text": "gemma3"}
-
-
 def _metadata(writer, args, config):
     writer.add_block_count(args.num_layers)
     writer.add_context_length(args.max_position_embeddings)
@@ -99,7 +94,7 @@ def write_gguf(path, model, kind_of):
     args = load_model_args(model.path)
     config = json.loads((model.path / "config.json").read_text())
     hf = read_hf_state_dict(model.path)
-    arch = GGUF_ARCH.get(args.family) or FAMILIES[args.family].gguf_arch
+    arch = FAMILIES[args.family].gguf_architecture   # as llama.cpp's converter writes the family
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value, vtype, sub_type in _tokenizer_fields():
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
@@ -129,10 +124,10 @@ def write_gguf(path, model, kind_of):
         add(f"{names.get_name(stem)}.{suffix}", weight)
     rope = dict(args.rope_scaling)
     if rope.get("rope_type") == "llama3":   # llama.cpp's converter: the per-frequency divisors as a tensor
-        from rosefast.sources.gguf_config import _llama3_factors
+        from rosefast.models.families.gguf_keys import llama3_factors
 
         inv_freq = [1.0 / args.rope_theta ** (i / args.head_dim) for i in range(0, args.head_dim, 2)]
-        writer.add_tensor("rope_freqs.weight", np.asarray(_llama3_factors(
+        writer.add_tensor("rope_freqs.weight", np.asarray(llama3_factors(
             inv_freq, rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"],
             rope["original_max_position_embeddings"]), dtype=np.float32))
     if args.family == "phi3" and rope.get("rope_type") == "longrope":

@@ -77,7 +77,7 @@ def _refused_in(package):
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_a_package_imports_only_the_layers_below_it(package):
     here = ROOT / "rosefast" / package
-    files = sorted(here.glob("*.py")) + sorted(here.glob("*.pyx")) if here.is_dir() else [ROOT / "rosefast/build.py"]
+    files = sorted(here.rglob("*.py")) + sorted(here.rglob("*.pyx")) if here.is_dir() else [ROOT / "rosefast/build.py"]
     assert _violations(files, _refused_in(package)) == []
 
 

@@ -417,9 +417,11 @@ def test_abort_while_tokenizing_never_reaches_the_engine(tiny_llama):
 
 def test_a_worker_loads_one_tokenizer_for_prompts_detokenizing_and_grammars(manager, monkeypatch):
     """The serving core, its engine and the engine's grammar compiler share the tokenizer the worker loaded."""
-    import rosefast.models as models
+    import rosefast.build
+    import rosefast.engine.llm_engine
 
     loads = []
-    monkeypatch.setattr(models, "load_tokenizer", lambda *a, **k: loads.append(a))   # nothing loads it again
+    for module in (rosefast.build, rosefast.engine.llm_engine):   # the engine's door to the sources, and its name
+        monkeypatch.setattr(module, "load_tokenizer", lambda *a, **k: loads.append(a))   # nothing loads it again
     assert manager.tokenizer is manager.engine.tokenizer
     assert manager.grammars._hf is manager.tokenizer and loads == []

@@ -467,6 +467,7 @@ ZEN3_PROBE = """
 import json, torch
 from rosefast.kernels import _layer_ops_c as _kernels_c, _layer_ops_py as _kernels_py, _quant_ops_py, quant_ops
 from rosefast.quant.tiles import pack_tiles
+from rosefast.quant.formats import quantize_q4_1
 from tests.test_kernels import decode_case
 from rosefast.models.layers import AttentionMetadata
 qkv, kc, vc, meta = decode_case(9, 3, 64, torch.float32, [1, 5, 37])

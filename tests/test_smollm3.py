@@ -1,4 +1,4 @@
-"""SmolLM3 (rosefast.models.smollm3: Llama with no RoPE on every 4th layer), the family that proves the seam:
+"""SmolLM3 (rosefast.models.families.smollm3: Llama with no RoPE on every 4th layer), the family that proves the seam:
 its own module, one line in the registry and this test. Its tiny model has 8 layers, two of them NoPE (3 and 7),
 and its logits and greedy text are Hugging Face's, from a directory and from a GGUF written as llama.cpp's
 converter writes it (the `smollm3` architecture, Llama's tensors with q/k permuted, no NoPE key)."""
@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from rosefast.models.args import load_model_args
-from rosefast.models.smollm3 import nope_layers
+from rosefast.models.families.smollm3 import nope_layers
 from rosefast.sources import load_hf_model, load_tokenizer, resolve_model, tiny_random
 from tests.gguf_writer import write_gguf
 from tests.test_model_runner import check_against_hf, runner_for

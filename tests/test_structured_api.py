@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from benches.schemas import SCHEMAS, WEATHER_TOOL
 from server.tools import CLOSE, OPEN, CallWatch, parse_calls
-from tests.serving import Bystander, Server, itl_bound, tiny_env
+from tests.serving import Bystander, Server, never_stalled, tiny_env
 
 CHAT = [{"role": "user", "content": "Answer in JSON."}]
 FUNCTIONS = {"get_weather": {}}
@@ -272,11 +272,15 @@ def test_the_http_benchmark_runs(tiny_llama, capsys):
 
 
 
+GRAMMAR_DELAY_S = 1.0   # every compile that misses the cache takes at least this long (the drill)
+
+
 @pytest.fixture(scope="module")
 def pool_server(tiny_llama):
     """Every grammar compile that misses the cache takes at least 1 s here (ROSEFAST_FAULT_GRAMMAR_DELAY_S), past
     the 0.3 s limit: what the grammar pool does with slow compiles, whatever this machine's speed."""
-    s = Server(tiny_env(tiny_llama, grammar_timeout_s=0.3, fault_grammar_delay_s=1.0, grammar_threads=2))
+    s = Server(tiny_env(tiny_llama, grammar_timeout_s=0.3, fault_grammar_delay_s=GRAMMAR_DELAY_S,
+                        grammar_threads=2))
     yield s
     s.stop()
 
@@ -335,7 +339,7 @@ def test_a_compile_every_request_gave_up_on_is_dropped_unrun(pool_server):
     after = _pool(s)   # (the two slow compiles, and the warm request of each _pool call)
     assert after["abandoned"] - before["abandoned"] == 1 and after["runs"] - before["runs"] == 2 + 1, \
         (before, after)
-    assert beside.whole(128) and beside.itl_p50() < itl_bound(idle.itl_p50()), (beside.gaps, idle.gaps)
+    assert beside.whole(128) and never_stalled(beside, GRAMMAR_DELAY_S), (beside.gaps, idle.gaps)   # compiles off the hub
 
 
 def test_a_grammar_the_library_refuses_while_generating_is_a_400(pool_server):

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from rosefast.errors import ModelError
 from rosefast.models.registry import FAMILIES, check_architecture
+from rosefast.models.rope_config import rope_of
 
 
 @dataclass(frozen=True)
@@ -57,55 +58,18 @@ def _eos(config):
     return tuple(eos) if isinstance(eos, list) else (eos,)
 
 
-def _rope(config):
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    theta = params.pop("rope_theta", None) or config.get("rope_theta") or 10000.0
-    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params["rope_type"] = rope_type
-    if rope_type == "longrope" and "original_max_position_embeddings" not in params:   # Phi-3's top-level field
-        params["original_max_position_embeddings"] = config.get("original_max_position_embeddings")
-    return float(theta), tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
-
-
-def _gemma(config):
-    """Gemma 3's extra ModelArgs: its layer types (local ones on the window) and each type's RoPE."""
-    n = config["num_hidden_layers"]
-    types = config.get("layer_types") or [
-        "full_attention" if (i + 1) % config.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
-        for i in range(n)]
-    params = config.get("rope_parameters") or {}
-    if "full_attention" in params:   # one set of RoPE parameters per layer type
-        full, local = (_rope({"rope_parameters": params.get(t)}) for t in ("full_attention", "sliding_attention"))
-    else:                            # the older layout: rope_theta / rope_scaling, rope_local_base_freq
-        full = _rope(config)
-        local = (float(config.get("rope_local_base_freq", 10000.0)), (("rope_type", "default"),))
-    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if config.get(name):
-            raise ModelError(f"Gemma: {name} {config[name]} is not supported (Gemma 2's; Gemma 3 has none)")
-    return {"gemma": True, "rope": full, "local_rope": local,
-            "local_layers": tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
-            "attention_scale": float(config.get("query_pre_attn_scalar") or config["head_dim"]) ** -0.5}
-
-
 def model_args_from_config(config):
-    """ModelArgs from a config dict (config.json)."""
+    """ModelArgs from a config dict (config.json): the common reading (Llama's names), with what the family's
+    module reads beyond it (Family.args_fields), or the family's own reading (Family.read_args)."""
     model_type = config.get("model_type")
     check_architecture(model_type, "config.json")
-    if model_type == "gpt2":
-        hidden = config["n_embd"]
-        heads = config["n_head"]
-        return ModelArgs(
-            arch="gpt2", vocab_size=config["vocab_size"], hidden_size=hidden, num_layers=config["n_layer"],
-            num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
-            intermediate_size=config.get("n_inner") or 4 * hidden, norm_eps=config.get("layer_norm_epsilon", 1e-5),
-            max_position_embeddings=config["n_positions"], tie_word_embeddings=True,
-            qkv_bias=True, o_bias=True, mlp_bias=True, eos_token_ids=_eos(config), family="gpt2",
-        )
     family = FAMILIES[model_type]
+    if family.read_args is not None:
+        return ModelArgs(**family.read_args(config), eos_token_ids=_eos(config), family=model_type)
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
-    gemma = _gemma(config) if family.gemma else {}
-    theta, scaling = gemma.pop("rope") if family.gemma else _rope(config)
+    extra = dict(family.args_fields(config)) if family.args_fields is not None else {}
+    theta, scaling = extra.pop("rope") if "rope" in extra else rope_of(config)
     head_dim = config.get("head_dim") or hidden // heads
     partial = dict(scaling).get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
     rotary_dim = int(head_dim * partial) if partial != 1.0 else 0
@@ -123,8 +87,7 @@ def model_args_from_config(config):
         o_bias=attention_bias if family.o_bias is None else family.o_bias,
         mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=family.qk_norm, rope_theta=theta, rope_scaling=scaling,
         eos_token_ids=_eos(config), family=model_type, sliding_window=int(config.get("sliding_window") or 0)
-        if config.get("use_sliding_window", True) else 0, **gemma,
-        **(family.args_fields(config) if family.args_fields is not None else {}),
+        if config.get("use_sliding_window", True) else 0, gemma=family.gemma, **extra,
     )
 
 

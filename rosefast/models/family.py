@@ -1,29 +1,39 @@
-"""A model family: what its Hugging Face config, its checkpoints and its GGUF files mean for our model code. The
-registry (rosefast.models.registry) names every one; a family written as its differences has a module of its own
-that makes its Family (rosefast.models.smollm3)."""
+"""A model family: what its Hugging Face config, its checkpoints and its GGUF files mean for our model code. Each
+family is a module of its own in rosefast.models.families, written as its differences from the one it resembles
+(its Family made with dataclasses.replace from that one's); the registry (rosefast.models.registry) names them."""
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Family:
     model_type: str          # Hugging Face's config.model_type
     module: str              # our model code: "llama" (rosefast.models.llama) or "gpt2"
     label: str               # for messages and the README
+    # the layer's differences, as flags of ModelArgs the model code keys on (never the family's name)
     qkv_bias: object = None  # True/False: fixed for the family; None: the config's attention_bias
     o_bias: bool = None      # None: the config's attention_bias
     qk_norm: bool = False    # a per-head RMSNorm of q and k (over head_dim) before RoPE
-    reasoning: tuple = ()    # (opening, closing) tag of the reasoning block its chat models write first
     fused_weights: bool = False   # its checkpoints store q|k|v and gate|up fused (qkv_proj, gate_up_proj)
     gemma: bool = False      # Gemma's layer: RMSNorm as x * (1 + w), four norms a layer (around attention and
                              # the MLP), embeddings x sqrt(hidden), tanh-GELU, attention scale from
                              # query_pre_attn_scalar, local (sliding) layers with their own RoPE base
-    gguf_qk_permuted: bool = False   # llama.cpp's converter reorders q/k rows for interleaved RoPE (Llama only;
-                                     # the Qwen families keep Hugging Face's rotate-half order)
-    # A family written as its own module (rosefast.models.<name>) says the rest of its differences here:
-    args_fields: object = None   # config dict -> {ModelArgs field: value} it sets beyond the common reading
-    gguf_arch: str = None        # llama.cpp's architecture name, where it is not the model_type
+    reasoning: tuple = ()    # (opening, closing) tag of the reasoning block its chat models write first
+    # its config
+    args_fields: object = None   # config dict -> {ModelArgs field: value} beyond the common reading ("rope": the
+                                 # (theta, scaling) pair, where the common reading of RoPE does not fit)
+    read_args: object = None     # config dict -> every ModelArgs field, where the common reading does not fit at all
+    # its GGUF files, as llama.cpp's converter writes them
+    gguf_arch: str = None            # llama.cpp's architecture name (None: the model_type)
+    gguf_qk_permuted: bool = False   # the converter reorders q/k rows for interleaved RoPE (Llama's converter and
+                                     # those made from it; the Qwen families keep Hugging Face's rotate-half order)
     gguf_read_as: str = None     # the architecture transformers' GGUF reader is shown (one it knows, with the
                                  # same tensors), where it does not know this one
     gguf_fixes: object = None    # (GGUF metadata reader, config dict) -> the config fields the file's reading lacks
-    hf_config: str = None        # transformers' config class (tiny random models in tests)
-    tiny: tuple = ()             # (key, value) pairs of its tiny random model's config
+    # its tiny random model (tests)
+    hf_config: str = None        # transformers' config class
+    tiny: dict = None            # the tiny model's config
+    tiny_random_norms: bool = True   # norms drawn at random (ones would hide a weight applied wrongly)
+
+    @property
+    def gguf_architecture(self):
+        return self.gguf_arch or self.model_type

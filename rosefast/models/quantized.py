@@ -266,7 +266,7 @@ def quantize_linears(model, mode, from_file=None, head="none", kernels="auto"):
     the file's own head blocks for an int8 head); "auto" is the file's own blocks, whatever their formats, when every linear
     is in one the kernels take, else nothing; `kernels`: a cpu_kernels setting. Returns (layers replaced,
     source)."""
-    if not reads_file_tiles(mode, model.norm.device):   # none, or auto on a GPU: its dtype
+    if mode == "none" or not reads_file_tiles(mode, next(model.parameters()).device):   # auto on a GPU: its dtype
         return 0, None
     kernels = block_kernels(kernels)
     own = {"q4_1": "int4", "q8_0": "int8", "blocks": "blocks"}.get(from_file["linears"]) if from_file else None

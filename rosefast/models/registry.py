@@ -1,41 +1,40 @@
-"""The model families rosefast serves: one entry each, what its Hugging Face config means for our model code.
+"""The model families rosefast serves, one line each; each family is a module of its own
+(rosefast.models.families), written as its differences from the one it resembles.
 
-    family = FAMILIES[config["model_type"]]      # ModelError for anything else (sources.check_architecture)
+    family = FAMILIES[config["model_type"]]      # ModelError for anything else (check_architecture)
     family.module                                # "llama" (LlamaModel) or "gpt2" (GPT2Model)
 
-Adding a family = a module of its own that makes its Family (rosefast.models.family) from the one it resembles,
-written as its differences (its config reading, its GGUF's, its tiny test model: rosefast.models.smollm3), and
-one line here; its layer's differences are flags of ModelArgs the model code keys on, never its name.
+Adding a family = its module (its Family, made from the one it resembles: its config reading, its GGUF's, its
+tiny test model; rosefast.models.families.smollm3) and one line here; its layer's differences are flags of
+ModelArgs the model code keys on, never its name.
 """
 from rosefast.errors import ModelError
-from rosefast.models import smollm3
-from rosefast.models.family import Family
-
+from rosefast.models.families import gemma3, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
 
 FAMILIES = {f.model_type: f for f in (
-    Family("llama", "llama", "Llama (Llama 2/3.x, SmolLM2, TinyLlama)", gguf_qk_permuted=True),
-    Family("qwen2", "llama", "Qwen2 / Qwen2.5", qkv_bias=True, o_bias=False),
-    Family("qwen3", "llama", "Qwen3 (dense)", qkv_bias=None, o_bias=None, qk_norm=True,
-           reasoning=("<think>", "</think>")),
-    Family("mistral", "llama", "Mistral (7B, Nemo, Small; a sliding window where the config has one)",
-           gguf_qk_permuted=True),
-    Family("phi3", "llama", "Phi-3 / Phi-4-mini (a partial rotary, long-RoPE)",
-           fused_weights=True),
-    Family("gemma3_text", "llama", "Gemma 3 (text: 270M, 1B; local layers on a sliding window)", qk_norm=True,
-           gemma=True),
-    Family("gpt2", "gpt2", "GPT-2"),
+    llama.FAMILY,
+    qwen2.FAMILY,
+    qwen3.FAMILY,
+    mistral.FAMILY,
+    phi3.FAMILY,
+    gemma3.FAMILY,
+    gpt2.FAMILY,
     smollm3.FAMILY,
 )}
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 #: llama.cpp's architecture name -> the one transformers' GGUF reader is shown instead (it does not know the first)
-GGUF_READ_AS = {f.gguf_arch: f.gguf_read_as for f in FAMILIES.values() if f.gguf_read_as}
+GGUF_READ_AS = {f.gguf_architecture: f.gguf_read_as for f in FAMILIES.values() if f.gguf_read_as}
 
 
 def gguf_family(arch):
-    """The family a GGUF of llama.cpp's architecture `arch` holds when it is written as its own module, else None."""
-    return next((f for f in FAMILIES.values() if f.gguf_arch == arch), None)
+    """The family a GGUF of llama.cpp's architecture `arch` is served as (the one of that model_type first: a
+    Mistral written as `llama` is served as Llama), or None."""
+    own = FAMILIES.get(arch)
+    if own is not None and own.gguf_architecture == arch:
+        return own
+    return next((f for f in FAMILIES.values() if f.gguf_architecture == arch), None)
 
 
 def check_architecture(model_type, where):
