@@ -8,6 +8,7 @@ ROSEFAST_BUILD_MODULES=a,b only these of COMPILED_MODULES (e.g. frontend/admissi
 does), so `gunicorn -k gevent server:app` run from the repository root — which imports rosefast/ from the
 checkout, not from site-packages — serves the compiled flavour too.
 """
+import glob
 import os
 import shutil
 import sys
@@ -41,6 +42,7 @@ def _extensions():
     if unknown:
         sys.exit(f"rosefast: ROSEFAST_BUILD_MODULES names {', '.join(unknown)}; known: {', '.join(COMPILED_MODULES)}")
     exts = []
+    headers = sorted(glob.glob("csrc/*.h"))
     for m in only or COMPILED_MODULES:
         package, name = m.split("/")
         source = f"rosefast/{package}/_{name}_c.pyx"
@@ -48,6 +50,7 @@ def _extensions():
             continue
         openmp = ["-fopenmp"] if m in OPENMP_MODULES else []
         exts.append(Extension(f"rosefast.{package}._{name}_c", [source], include_dirs=["csrc"],
+                              depends=headers,   # a header's change (one ISA's, included by another) rebuilds
                               extra_compile_args=cflags + openmp, extra_link_args=openmp))
     print(
         f"rosefast: building the compiled flavour ({'debug -O0 -g' if debug else '-O3'}): "

@@ -248,16 +248,17 @@ static void rf_gelu_tanh_mul_##S(const T *gate_up, T *out, int64_t rows, int64_t
 #define rf_attend_avx2_bf16 rf_attend_one_bf16
 #endif
 
-/* The decode attention's kernel: 2 AVX-512, 1 AVX2, 0 the portable C — the widest this CPU runs, or the one a
- * tier forced by ROSEFAST_CPU_KERNELS stays within (avx2, avxvnni: AVX2; scalar, neon: the portable C), so one
- * variable runs a whole suite on one tier's code (the other small kernels are compiled for every ISA level and
- * take the CPU's own, target_clones). Read once. */
+/* The decode attention's kernel: 2 AVX-512, 1 AVX2, 0 the portable C — the widest this CPU runs within
+ * `rf_attention_limit`, which the module sets at import from the tier ROSEFAST_CPU_KERNELS forces (avx2, avxvnni:
+ * AVX2; scalar, neon: the portable C; rosefast.config.forced_cpu_kernels reads it, once), so one variable runs a
+ * whole suite on one tier's code (the other small kernels are compiled for every ISA level and take the CPU's
+ * own, target_clones). */
+static int rf_attention_limit = 2;
+static void rf_set_attention_limit(int limit) { rf_attention_limit = limit; }
 static int rf_attention_isa(void) {
     static int isa = -1;
     if (isa < 0) {
-        const char *t = getenv("ROSEFAST_CPU_KERNELS");
-        int limit = t && (!strcmp(t, "avx2") || !strcmp(t, "avxvnni")) ? 1
-                    : t && (!strcmp(t, "scalar") || !strcmp(t, "neon")) ? 0 : 2;
+        int limit = rf_attention_limit;
         isa = limit >= 2 && rf_cpu_has_avx512() ? 2 : limit >= 1 && rf_att_cpu_has_avx2() ? 1 : 0;
     }
     return isa;

@@ -20,6 +20,7 @@ cdef extern from "decode_kernels.h" nogil:
                                  const int64_t *block_tables, int64_t width, const int64_t *context_lens,
                                  int64_t window, float scale, uint16_t *out)
     int rf_attention_isa()
+    void rf_set_attention_limit(int limit)
     void rf_silu_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)
     void rf_silu_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t n)
     void rf_gelu_tanh_mul_f32(const float *gate_up, float *out, int64_t rows, int64_t n)

@@ -6,6 +6,9 @@ cdef extern from "quant_kernels.h" nogil:
     enum:
         RF_QPARTS
         RF_FMTS
+        RF_TIERS
+    const char *rf_tier_name(int tier)
+    const char *rf_format_name(int fmt)
     ctypedef struct rf_qweights:
         int fmt
         int64_t n

@@ -31,7 +31,19 @@ def process_setting(name):
     return os.path.expanduser(raw)
 
 
+_FORCED = []
+
+
+def forced_cpu_kernels():
+    """The kernels ROSEFAST_CPU_KERNELS forces on the whole process ("auto" when unset), read once here for every
+    kernel that keeps to it (the block kernels' tier, the decode attention's ISA)."""
+    if not _FORCED:
+        _FORCED.append(os.environ.get("ROSEFAST_CPU_KERNELS", "").strip() or "auto")
+    return _FORCED[0]
+
+
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
+SPECULATIVE_MODES = ("auto", "off", "ngram")
 # the quantized linears' kernels (rosefast.kernels.quant_ops): the best tier this CPU runs, one tier, or torch's ops
 CPU_KERNELS = ("auto", "amx", "avx512vnni", "avxvnni", "avx2", "neon", "scalar", "torch")
 HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
@@ -102,8 +114,8 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}; got {self.quantization!r}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}; got {self.cpu_kernels!r}")
-        if self.speculative not in ("auto", "off", "ngram"):
-            raise ValueError(f"speculative must be one of auto, off, ngram; got {self.speculative!r}")
+        if self.speculative not in SPECULATIVE_MODES:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}; got {self.speculative!r}")
         if self.speculative_tokens > 64:
             raise ValueError(f"speculative_tokens must be at most 64, got {self.speculative_tokens!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -18,7 +18,7 @@ from rosefast.serving.values import reasoning_tags
 from server import disconnect, structured
 from server.body import read_json_body
 from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request
-from server.openai_api import check_output_budget, param_of, sampling_params
+from server.request_fields import check_output_budget, param_of, sampling_params
 from server.run import Run
 from server.shapes import new_id
 from server.tools import render_messages, template_takes_tools

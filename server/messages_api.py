@@ -7,7 +7,7 @@ import json
 
 from server import sse
 from server.errors import APIError, bad_request, json_response
-from server.openai_api import SAMPLING, check_known, plain_text
+from server.request_fields import SAMPLING, check_known, plain_text
 from server.request_model import Generation, Options
 from server.structured import EXTRAS as GUIDED
 from server.structured import json_schema_grammar, one_grammar

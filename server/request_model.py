@@ -21,7 +21,7 @@ class Generation:
     `messages` (chat messages: {role, content, tool_calls?}, rendered by the chat template) is given."""
     endpoint: str                    # the API's name in metrics and logs: chat, completions, responses, messages
     options: Options
-    sampling: dict                   # the sampling fields under OpenAI's names (openai_api.sampling_params)
+    sampling: dict                   # the sampling fields under OpenAI's names (request_fields.sampling_params)
     prompts: list = None
     messages: list = None
     template_kwargs: dict = field(default_factory=dict)

@@ -7,7 +7,7 @@ import time
 
 from server import sse
 from server.errors import APIError, bad_request, json_response, parse_json
-from server.openai_api import SAMPLING, check_known, plain_text
+from server.request_fields import SAMPLING, check_known, plain_text
 from server.request_model import Generation, Options
 from server.shapes import new_id
 from server.structured import EXTRAS as GUIDED

@@ -4,6 +4,7 @@ from flask import Blueprint, current_app
 
 from rosefast.errors import NotReadyError
 from server import openai_api
+from server.request_fields import json_type
 from server.body import read_json_body
 from server.errors import api_error, bad_request, json_response
 
@@ -22,7 +23,7 @@ def _ready():
 def _json_body():
     body = read_json_body()
     if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {openai_api.json_type(body)}")
+        raise bad_request(f"the request body must be a JSON object, got {json_type(body)}")
     return body
 
 

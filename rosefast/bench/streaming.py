@@ -12,13 +12,17 @@ the arrival loop they share, report.py the figures and the report.
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 from rosefast.bench.drivers import run_http, run_inprocess
 from rosefast.bench.hub import HubConsumers
 from rosefast.bench.priority import MODES, resolve
 from rosefast.bench.report import figures, print_report
 from rosefast.bench.schedule import SCHEDULES
+from rosefast.config import QUANTIZATION_MODES, SPECULATIVE_MODES, EngineConfig
+
+#: the engine's own defaults: the benchmark's settings of the engine start where the server's do
+ENGINE = {f.name: f.default for f in fields(EngineConfig)}
 
 
 def build_parser():
@@ -26,13 +30,13 @@ def build_parser():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--url", help="drive this OpenAI-compatible server over HTTP/SSE instead of an in-process manager")
-    a("--model", default="smollm2-135m",
+    a("--model", default=ENGINE["model"],
       help="smollm2-135m (default), tiny, stand-in (no model: sizes the frontend), a HF directory or a .gguf")
-    a("--stand-in-step-ms", type=float, default=0.0, help="with --model stand-in: how long each engine step takes")
+    a("--stand-in-step-ms", type=float, default=ENGINE["stand_in_step_ms"], help="with --model stand-in: how long each engine step takes")
     a("--client", choices=("httpx", "raw"), default="httpx",
       help="--url: httpx (default) or raw (a lean asyncio SSE client, for thousands of streams)")
-    a("--device", default="auto")
-    a("--dtype", default="auto")
+    a("--device", default=ENGINE["device"])
+    a("--dtype", default=ENGINE["dtype"])
     a("--prompt", default="Explain why streaming responses matter for interactive applications.")
     a("--prompt-repeats", type=int, default=1, help="repeat the prompt text this many times (longer prompts)")
     a("--unique-prompts", action="store_true", help="make every prompt distinct (no prefix-cache sharing)")
@@ -41,22 +45,22 @@ def build_parser():
       help="over HTTP: fields added to every request body, e.g. a response_format")
     a("--num-requests", type=int, default=32)
     a("--max-new-tokens", type=int, default=32)
-    a("--max-batch-size", type=int, default=64)
-    a("--prefill-max-batch-size", type=int, default=16)
-    a("--max-active-requests", type=int, default=0)
+    a("--max-batch-size", type=int, default=ENGINE["max_batch_size"])
+    a("--prefill-max-batch-size", type=int, default=ENGINE["prefill_max_batch_size"])
+    a("--max-active-requests", type=int, default=ENGINE["max_active_requests"])
     a("--max-inflight-requests", type=int, default=0, help="0: unbounded")
     a("--tokenize-workers", type=int, default=0)
-    a("--kv-cache-tokens", type=int, default=0)
+    a("--kv-cache-tokens", type=int, default=ENGINE["kv_cache_tokens"])
     a("--pretok", action="store_true", help="submit token ids (tokenized before the run)")
     a("--no-stop-on-eos", action="store_true", help="ignore EOS: every request makes --max-new-tokens tokens")
     a("--temperature", type=float, default=0.0, help="0 (default): greedy")
     a("--top-p", type=float, default=1.0)
     a("--no-prefix-cache", action="store_true")
-    a("--quantization", choices=("auto", "none", "int8", "int4"), default="auto",
+    a("--quantization", choices=QUANTIZATION_MODES, default=ENGINE["quantization"],
       help="in-process: the weights (auto, as the server: a GGUF's own blocks on CPU, the default model's int4)")
-    a("--speculative", choices=("auto", "off", "ngram"), default="auto",
+    a("--speculative", choices=SPECULATIVE_MODES, default=ENGINE["speculative"],
       help="in-process: speculative decoding by prompt lookup (auto: where it pays)")
-    a("--speculative-tokens", type=int, default=8, help="in-process: the most tokens a sequence proposes per step")
+    a("--speculative-tokens", type=int, default=ENGINE["speculative_tokens"], help="in-process: the most tokens a sequence proposes per step")
     a("--no-cuda-graph", action="store_true")
     a("--nvtx", action="store_true", help="NVTX ranges around engine steps (CUDA; a no-op on CPU)")
     a("--warmup-runs", type=int, default=1)
@@ -67,7 +71,7 @@ def build_parser():
     a("--submitter-priority", choices=MODES, default="auto",
       help="the arrival loop's thread: realtime (SCHED_FIFO while it submits, so a woken submit does not wait "
            "for a core the engine holds), normal, or auto (realtime where the OS permits it; the default)")
-    a("--seed", type=int, default=0)
+    a("--seed", type=int, default=ENGINE["seed"])
     a("--output-json", metavar="PATH")
     a("--plot", metavar="PATH.png")
     a("--no-progress", action="store_true")

@@ -17,12 +17,15 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uintptr_t
 import torch
 
 from rosefast.kernels import quant_ops
+from rosefast.kernels._layer_ops_py import attention_isa_limit
 from rosefast.quant.tiles import FORMATS
 
 from decode_kernels cimport (rf_decode_attention_bf16, rf_decode_attention_f32, rf_gelu_tanh_mul_bf16,
                              rf_gelu_tanh_mul_f32, rf_rms_norm_bf16, rf_rms_norm_f32, rf_silu_mul_bf16,
-                             rf_silu_mul_f32, rf_store_kv_bf16, rf_store_kv_f32)
+                             rf_set_attention_limit, rf_silu_mul_f32, rf_store_kv_bf16, rf_store_kv_f32)
 from quant_kernels cimport rf_qweights, rf_quant_linear_rows
+
+rf_set_attention_limit(attention_isa_limit())   # the tier ROSEFAST_CPU_KERNELS forces, this module's copy
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16

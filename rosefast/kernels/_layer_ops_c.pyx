@@ -8,11 +8,14 @@ from libc.stdint cimport int64_t, uint16_t, uintptr_t
 
 import torch
 
-from rosefast.kernels._layer_ops_py import decode_shapes
+from rosefast.kernels._layer_ops_py import attention_isa_limit, decode_shapes
 
 from decode_kernels cimport (rf_attention_isa, rf_decode_attention_bf16, rf_decode_attention_f32, rf_rms_norm_bf16,
+                             rf_set_attention_limit,
                              rf_rms_norm_f32, rf_gelu_tanh_mul_bf16, rf_gelu_tanh_mul_f32, rf_silu_mul_bf16, rf_silu_mul_f32,
                              rf_store_kv_bf16, rf_store_kv_f32)
+
+rf_set_attention_limit(attention_isa_limit())   # the tier ROSEFAST_CPU_KERNELS forces, this module's copy
 
 FOLLOWS_CONTEXT = True     # decode reads each row's blocks in place, up to its context length
 

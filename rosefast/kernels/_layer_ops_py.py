@@ -12,6 +12,8 @@ metadata), or into fresh buffers when there is none.
 import torch
 import torch.nn.functional as F
 
+from rosefast.config import forced_cpu_kernels
+
 FOLLOWS_CONTEXT = False    # decode gathers the whole width of the block table (masked past each context)
 
 
@@ -142,3 +144,11 @@ def silu_mul(gate_up):
 def gelu_tanh_mul(gate_up):
     gate, up = gate_up.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh") * up
+
+
+def attention_isa_limit():
+    """The widest decode attention the compiled kernels may take (2 AVX-512, 1 AVX2, 0 the portable C): within the
+    tier ROSEFAST_CPU_KERNELS forces (avx2, avxvnni: AVX2; scalar, neon: the portable C). Each compiled module that
+    holds the attention (csrc/decode_kernels.h) is told it at import."""
+    forced = forced_cpu_kernels()
+    return 1 if forced in ("avx2", "avxvnni") else 0 if forced in ("scalar", "neon") else 2

@@ -17,13 +17,19 @@ from rosefast.config import CPU_KERNELS
 from rosefast.kernels import _quant_ops_py
 from rosefast.quant.tiles import FORMATS
 
-from quant_kernels cimport rf_qweights, rf_quant_linear_rows, rf_quant_own_rows, rf_quant_rows, rf_quant_tier_ok
+from quant_kernels cimport (RF_FMTS, RF_TIERS, rf_format_name, rf_qweights, rf_quant_linear_rows, rf_quant_own_rows,
+                            rf_quant_rows, rf_quant_tier_ok, rf_tier_name)
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
 cdef object I64 = torch.int64
 
-TIERS = ("scalar", "avx2", "avxvnni", "avx512vnni", "neon", "amx")   # csrc/quant_kernels.h's RF_TIER_* order
+TIERS = tuple(rf_tier_name(i).decode() for i in range(RF_TIERS))   # csrc/quant_common.h's list, by number
+if set(TIERS) != set(CPU_KERNELS) - {"auto", "torch"} or \
+        tuple(rf_format_name(i).decode() for i in range(RF_FMTS)) != FORMATS:
+    raise ImportError("csrc/quant_common.h's tiers or formats are not rosefast.config.CPU_KERNELS' or "
+                      "rosefast/quant/tiles.py's FORMATS: the one list of each must be changed in both",
+                      name="rosefast.kernels._quant_ops_c.lists")
 BEST_FIRST = tuple(k for k in CPU_KERNELS if k in TIERS)   # the settings list them best first
 
 

@@ -6,12 +6,11 @@ torch twin (ROSEFAST_NO_EXTENSIONS=1, and for tests).
     if kernels is not None: y = kernels.linear(x, weights)
     with decoding(sequences): ...   # a speculative step: its rows on the path its sequences' decode step takes
 """
-import os
 import threading
 from contextlib import contextmanager
 
 from rosefast._select import select
-from rosefast.config import CPU_KERNELS
+from rosefast.config import CPU_KERNELS, forced_cpu_kernels
 
 impl = select("quant_ops", package="rosefast.kernels")
 
@@ -42,7 +41,7 @@ def pick(setting="auto"):
     the best tier this CPU runs (None, torch's ops, on the pure-Python flavour); a tier's name is that tier (a
     ValueError saying what runs here when this CPU or build does not run it); "torch" is None."""
     if setting == "auto":
-        setting = os.environ.get("ROSEFAST_CPU_KERNELS", "").strip() or "auto"
+        setting = forced_cpu_kernels()
     if setting not in CPU_KERNELS:
         raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}; got {setting!r}")
     if setting == "torch":
