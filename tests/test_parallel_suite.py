@@ -13,6 +13,12 @@ import json, os, time, pytest
 
 
 def span(kind, seconds):
+    # WAIT_FOR: a run whose first test this one waits for (60 s at most), so the two runs are under way at once
+    # however slowly a loaded machine starts the other (its two processes took over 8 s to start beside a busy one)
+    deadline = time.monotonic() + 60
+    while os.environ.get("WAIT_FOR") and time.monotonic() < deadline and not any(
+            json.loads(line)[1].startswith(os.environ["WAIT_FOR"]) for line in open(os.environ["SPANS"])):
+        time.sleep(0.02)
     t0 = time.monotonic()
     time.sleep(seconds)
     with open(os.environ["SPANS"], "a") as f:
@@ -51,8 +57,8 @@ def _suite(path, timed, plain_files):
     return path
 
 
-def _start(suite, spans, run, *args, locks=None):
-    env = dict(os.environ, SPANS=str(spans), PYTHONPATH=str(ROOT), RUN=run)
+def _start(suite, spans, run, *args, locks=None, wait_for=""):
+    env = dict(os.environ, SPANS=str(spans), PYTHONPATH=str(ROOT), RUN=run, WAIT_FOR=wait_for)
     env.pop("PYTEST_XDIST_WORKER", None)   # (this suite itself may run under xdist, and share its locks with
     env.pop("ROSEFAST_TEST_LOCKS", None)   # another run: the small suite's timed test would wait on this one)
     if locks is not None:
@@ -88,14 +94,11 @@ def test_a_timing_test_runs_while_no_other_test_does_and_the_others_run_side_by_
 def test_two_runs_sharing_a_lock_directory_take_turns_with_a_timed_test(tmp_path):
     """make test's two legs at once (the compiled run over two processes, the pure-twin run serially beside it):
     through ROSEFAST_TEST_LOCKS a timed test of one waits for the other's tests under way and holds back its next."""
-    import time
-
     spans = tmp_path / "spans.jsonl"
-    # the serial run first, long enough (40 tests of 0.2 s) that the other starts while it still runs
-    serial = _start(_suite(tmp_path / "serial", False, "cdefghij"), spans, "b", locks=tmp_path)
-    deadline = time.monotonic() + 60
-    while not (spans.exists() and spans.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # the serial run first (40 tests of 0.2 s), each of its tests waiting until the other run has finished one, so
+    # the two are under way at once on a machine of any speed and load
+    spans.write_text("")
+    serial = _start(_suite(tmp_path / "serial", False, "cdefghij"), spans, "b", locks=tmp_path, wait_for="a")
     runs = [serial, _start(_suite(tmp_path / "xdist", True, "ab"), spans, "a", "-n", "2", "--dist", "loadfile",
                            locks=tmp_path)]
     for proc in runs:
