@@ -16,15 +16,38 @@ class ConfigError(ValueError):
     """A ROSEFAST_* variable with a value that cannot be used."""
 
 
+def _check_integers(config, spec):
+    """A ValueError naming the first of `spec`'s (field, lowest) integers out of range."""
+    for name, low in spec:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
+def _check_numbers(config, spec):
+    """A ValueError naming the first of `spec`'s (field, lowest, highest) numbers out of range."""
+    for name, low, high in spec:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+
+
 @dataclass
-class ServerConfig(EngineConfig):
-    """The engine's fields (EngineConfig's, with its defaults and checks), then the server's own."""
-    # the serving core
+class ServingSettings:
+    """The serving core's: admission and the tokenize workers (rosefast.serving)."""
     max_inflight_requests: int = 256     # past this, 429 at once (0: unlimited)
     tokenize_workers: int = 2            # native threads encoding prompts off the request path
     worker_index: int = 0                # this worker's number, 0..N-1 (set per worker by gunicorn.conf.py, per
                                          # replica by deploy/replicas.py); "{worker}" in ROSEFAST_DEVICE becomes it
-    # the HTTP layer
+
+    def __post_init__(self):
+        getattr(super(), "__post_init__", lambda: None)()
+        _check_integers(self, (("max_inflight_requests", 0), ("tokenize_workers", 0), ("worker_index", 0)))
+
+
+@dataclass
+class HTTPSettings:
+    """The HTTP layer's: bodies, limits, timeouts, the key, the page, the logs, structured output's compiles."""
     served_model_name: str = ""          # the name in /v1/models and responses (default: the model spec)
     max_body_bytes: int = 1 << 20        # larger request bodies get 413
     max_tokens_cap: int = 4096           # the largest max_tokens a request may ask for
@@ -44,7 +67,20 @@ class ServerConfig(EngineConfig):
     grammar_timeout_s: float = 10.0      # structured output: a grammar that takes longer to compile is a 400
     grammar_threads: int = 2             # native threads that compile grammars (identical compiles merged)
     generation_config: str = "model"     # model: the model's generation defaults fill what a request omits; none
-    # fault injection, for reliability tests and drills (off by default)
+
+    def __post_init__(self):
+        getattr(super(), "__post_init__", lambda: None)()
+        _check_integers(self, (("max_body_bytes", 1), ("max_tokens_cap", 1), ("default_max_tokens", 1),
+                               ("retry_after_seconds", 0), ("max_output_entries", 1), ("grammar_threads", 1)))
+        _check_numbers(self, (("switch_interval_ms", 0.05, 100), ("grammar_timeout_s", 0.01, 600),
+                              ("body_timeout_s", 0.1, 3600), ("send_timeout_s", 0.1, 3600)))
+        if self.generation_config not in ("model", "none"):
+            raise ValueError(f"generation_config must be model or none, got {self.generation_config!r}")
+
+
+@dataclass
+class FaultSettings:
+    """Fault injection, for reliability tests and drills (off by default; server.faults)."""
     fault_steps: str = ""                # engine steps (comma-separated numbers) that raise
     fault_tokenize_marker: str = ""      # prompts containing this text make the tokenizer raise
     fault_device_step: int = 0           # this engine step raises a sticky CUDA error (the engine dies)
@@ -55,24 +91,9 @@ class ServerConfig(EngineConfig):
                                          # Triton and ctypes.util do (a drill for gevent's subprocess)
 
     def __post_init__(self):
-        """EngineConfig's checks, then the server's: a ServerConfig built in code is refused as one built from
-        the environment is (a ValueError that starts with the field's name)."""
-        super().__post_init__()
-        for name, low in (("max_inflight_requests", 0), ("tokenize_workers", 0), ("worker_index", 0),
-                          ("max_body_bytes", 1), ("max_tokens_cap", 1), ("default_max_tokens", 1),
-                          ("retry_after_seconds", 0), ("max_output_entries", 1), ("grammar_threads", 1),
-                          ("fault_device_step", 0), ("fault_loop_step", 0), ("fault_subprocess_step", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        for name, low, high in (("switch_interval_ms", 0.05, 100), ("grammar_timeout_s", 0.01, 600),
-                                ("body_timeout_s", 0.1, 3600), ("send_timeout_s", 0.1, 3600),
-                                ("fault_grammar_delay_s", 0, 600)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-                raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
-        if self.generation_config not in ("model", "none"):
-            raise ValueError(f"generation_config must be model or none, got {self.generation_config!r}")
+        getattr(super(), "__post_init__", lambda: None)()
+        _check_integers(self, (("fault_device_step", 0), ("fault_loop_step", 0), ("fault_subprocess_step", 0)))
+        _check_numbers(self, (("fault_grammar_delay_s", 0, 600),))
         try:
             self.fault_step_numbers()
         except ValueError:
@@ -80,6 +101,14 @@ class ServerConfig(EngineConfig):
 
     def fault_step_numbers(self):
         return {int(x) for x in self.fault_steps.split(",") if x.strip()}
+
+
+@dataclass
+class ServerConfig(FaultSettings, HTTPSettings, ServingSettings, EngineConfig):
+    """Every setting of a server, one dataclass per concern joined here: the engine's (EngineConfig), the serving
+    core's, the HTTP layer's, the faults' — each with its defaults and its own checks, so a ServerConfig built in
+    code is refused as one built from the environment is (a ValueError that starts with the field's name). Its
+    fields, in that order, are the ROSEFAST_<FIELD> variables."""
 
     def engine_config(self):
         return EngineConfig(**{f.name: getattr(self, f.name) for f in fields(EngineConfig)})

@@ -71,3 +71,20 @@ def test_an_unknown_variable_stops_the_start_with_the_nearest_known_name(name, n
 def test_the_tools_variables_and_the_process_variables_are_known():
     server_config_from_env({"ROSEFAST_TEST_CACHE": "/tmp/x", "ROSEFAST_REQUIRE_EXTENSIONS": "1",
                             "ROSEFAST_CACHE": "/tmp/y", "ROSEFAST_NO_EXTENSIONS": "1", "OTHER_VARIABLE": "1"})
+
+
+def test_each_concern_is_a_dataclass_of_its_own_that_checks_its_fields_and_the_server_joins_them():
+    from dataclasses import fields
+
+    from server.config import FaultSettings, HTTPSettings, ServerConfig, ServingSettings
+
+    concerns = (EngineConfig, ServingSettings, HTTPSettings, FaultSettings)
+    names = [[f.name for f in fields(c)] for c in concerns]
+    assert [f.name for f in fields(ServerConfig)] == sum(names, [])   # every field in exactly one concern
+    for concern, bad in ((ServingSettings, {"tokenize_workers": -1}), (HTTPSettings, {"send_timeout_s": 0.0}),
+                         (FaultSettings, {"fault_steps": "3,x"}), (EngineConfig, {"block_size": 0})):
+        field = next(iter(bad))
+        with pytest.raises(ValueError, match=f"^{field} "):
+            concern(**bad)
+        with pytest.raises(ValueError, match=f"^{field} "):   # and joined, the same check
+            ServerConfig(**bad)
