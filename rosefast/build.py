@@ -23,7 +23,7 @@ from rosefast.models.gpt2 import GPT2Model, gpt2_state_dict
 from rosefast.models.llama import LlamaModel, llama_state_dict
 from rosefast.models.packed import pack_linears
 from rosefast.models.registry import FAMILIES
-from rosefast.models.quantized import check_mode, quantize_linears, reads_file_tiles, weight_bytes
+from rosefast.models.quantized import check_mode, quantize_linears, quantizes, weight_bytes
 from rosefast.quant.tiles import dequantize_parts
 from rosefast.sources.resolve import STAND_IN, gguf_source, left_in_gguf, resolve_model  # noqa: F401 (the engine's)
 from rosefast.sources.tiles_cache import cached_tiles
@@ -136,7 +136,7 @@ def build_model(spec, device, dtype, quantization="none", *, quantize_lm_head="a
         module, args = load_model(resolved, dtype, device, lean=quantization != "none")
         source = gguf_source(resolved)
         tiles = cached_tiles(source, args, resolved.path) if source is not None and \
-            reads_file_tiles(quantization, device) else None
+            quantizes(quantization, device) else None
         count, described = quantize_linears(module, quantization, tiles, head=quantize_lm_head, kernels=cpu_kernels)
         # what the blocks were not put in for: auto on a GPU, a tied embedding not looked up in the head's blocks
         fill_linears(module, resolved)

@@ -4,6 +4,7 @@ Every ROSEFAST_* variable is defined in this module: EngineConfig's fields (the 
 own, server/config.py), and PROCESS_VARIABLES, the few read where they are used (at import, in library use and
 in the tests, before or without a config object).
 """
+import functools
 import os
 from dataclasses import dataclass, fields
 
@@ -31,15 +32,11 @@ def process_setting(name):
     return os.path.expanduser(raw)
 
 
-_FORCED = []
-
-
+@functools.cache
 def forced_cpu_kernels():
     """The kernels ROSEFAST_CPU_KERNELS forces on the whole process ("auto" when unset), read once here for every
     kernel that keeps to it (the block kernels' tier, the decode attention's ISA)."""
-    if not _FORCED:
-        _FORCED.append(os.environ.get("ROSEFAST_CPU_KERNELS", "").strip() or "auto")
-    return _FORCED[0]
+    return os.environ.get("ROSEFAST_CPU_KERNELS", "").strip() or "auto"
 
 
 QUANTIZATION_MODES = ("auto", "none", "int8", "int4")

@@ -28,7 +28,7 @@ from rosefast.quant.formats import (GROUP, dequantize_q4_1, dequantize_q8_0, qua
                                     unpack_q4_1, unpack_q8_0)
 from rosefast.sources.gguf_blocks import gguf_blocks
 from rosefast.models.quantized import (Int4Linear, Int8Linear, block_kernels, check_mode, head_mode, quantize_linears,
-                                       reads_file_tiles, weight_bytes)
+                                       quantizes, weight_bytes)
 from rosefast.quant.tiles import pack_tiles, unpack_tiles
 from rosefast.sources.resolve import gguf_source
 from rosefast.sources.tiles_cache import file_tiles
@@ -300,8 +300,8 @@ def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, ti
 def test_auto_on_a_gpu_keeps_the_dtype_without_reading_the_file(tiny_llama, tmp_path):
     """auto serves a GGUF's blocks on CPU only: on another device the file is not read for them (the device
     check's first GPU run read a placeholder GGUF here and failed every engine built on it)."""
-    assert reads_file_tiles("auto", torch.device("cpu")) and reads_file_tiles("int8", torch.device("cuda"))
-    assert not reads_file_tiles("auto", torch.device("cuda")) and not reads_file_tiles("none", torch.device("cpu"))
+    assert quantizes("auto", torch.device("cpu")) and quantizes("int8", torch.device("cuda"))
+    assert not quantizes("auto", torch.device("cuda")) and not quantizes("none", torch.device("cpu"))
     model, _ = load_model(tiny_llama, torch.float32, "cpu")
     model = model.to("meta")   # a device other than the CPU
     assert quantize_linears(model, "auto", {"linears": "blocks"}) == (0, None)

@@ -66,6 +66,12 @@ class _TiledLinear(nn.Module):
         y = self.kernels.linear(x2.contiguous(), self.weights, quant_ops.step.sequences)
         return y.to(dt).view(*x.shape[:-1], self.out_features)
 
+    def _torch_op_out(self, y, x):
+        """A torch weight-only op's bf16 output, the bias added, in x's dtype."""
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
     def _bias(self, bias):
         return None if bias is None else bias.detach().to(torch.float32 if self.kernels else torch.bfloat16)
 
@@ -158,10 +164,7 @@ class Int4Linear(_TiledLinear):
     def forward(self, x):
         if self.kernels is not None:
             return self._tiled(x)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return self._torch_op_out(torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros), x)
 
     def nbytes(self):
         if self.kernels is not None:
@@ -201,10 +204,7 @@ class Int8Linear(_TiledLinear):
     def forward(self, x):
         if self.kernels is not None:
             return self._tiled(x)
-        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return self._torch_op_out(torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale), x)
 
     def nbytes(self):
         if self.kernels is not None:
@@ -253,9 +253,9 @@ def _described(tiles):
     return "|".join(t.fmt.upper() for t in tiles)
 
 
-def reads_file_tiles(mode, device):
-    """Whether quantize_linears in `mode` on `device` takes a GGUF's blocks (tiles_cache.cached_tiles): auto on a
-    GPU keeps its dtype, and the file is not read for them there."""
+def quantizes(mode, device):
+    """Whether quantize_linears in `mode` on `device` quantizes at all (and so may take a GGUF's blocks, which the
+    builder reads only then): none never; auto on a GPU keeps its dtype."""
     return mode != "none" and not (mode == "auto" and device.type != "cpu")
 
 
@@ -266,7 +266,7 @@ def quantize_linears(model, mode, from_file=None, head="none", kernels="auto"):
     the file's own head blocks for an int8 head); "auto" is the file's own blocks, whatever their formats, when every linear
     is in one the kernels take, else nothing; `kernels`: a cpu_kernels setting. Returns (layers replaced,
     source)."""
-    if mode == "none" or not reads_file_tiles(mode, next(model.parameters()).device):   # auto on a GPU: its dtype
+    if not quantizes(mode, next(model.parameters()).device):
         return 0, None
     kernels = block_kernels(kernels)
     own = {"q4_1": "int4", "q8_0": "int8", "blocks": "blocks"}.get(from_file["linears"]) if from_file else None
