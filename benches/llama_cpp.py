@@ -6,6 +6,7 @@ and tok/s side by side. llama-server is built from the vendored source of the ll
     python -m benches.llama_cpp --llama-server /path/to/llama-server --tokens 128 --rounds 2
     python -m benches.llama_cpp --llama-server ... --model smollm2-135m-q4_k_m.gguf    # another GGUF, both servers
     python -m benches.llama_cpp --llama-server ... --distinct --prompt-repeats 8   # TTFT: a real prefill each time
+    python -m benches.llama_cpp --llama-server ... --activations two-digit,one-digit   # a rosefast server for each
 
 By default every request sends one prompt, so llama.cpp's TTFT reuses the KV of the one before it token by token
 (rosefast's prefix cache keeps whole 16-token blocks only); with --distinct each request's prompt starts with its own
@@ -39,6 +40,8 @@ def main(argv=None):
     p.add_argument("--concurrent", default="1,32")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--quantization", default="auto", help="rosefast's ROSEFAST_QUANTIZATION")
+    p.add_argument("--activations", default="two-digit", help="rosefast's ROSEFAST_ACTIVATIONS, comma-separated: a "
+                   "rosefast server for each (named by it when there are several)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled at it (top_p 1)")
     p.add_argument("--model", default=None, help="a .gguf both servers load (default: the embedded SmolLM2 Q4_1)")
     p.add_argument("--distinct", action="store_true", help="each request's prompt its own (no KV reused between them)")
@@ -53,9 +56,12 @@ def main(argv=None):
                                                    "-c", str(slots * (a.tokens + 64 + 20 * a.prompt_repeats)),
                                                    "-np", str(slots),
                                                    "-t", str(a.threads), "--no-webui"], startup_timeout=300)
-        servers["rosefast"] = Server({"ROSEFAST_QUANTIZATION": a.quantization, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 0,
-                                      "ROSEFAST_GENERATION_CONFIG": "none",
-                                      **({"ROSEFAST_MODEL": gguf} if a.model else {})}, startup_timeout=600)
+        kinds = a.activations.split(",")
+        for kind in kinds:
+            servers["rosefast" if len(kinds) == 1 else f"rosefast ({kind})"] = Server(
+                {"ROSEFAST_QUANTIZATION": a.quantization, "ROSEFAST_MAX_INFLIGHT_REQUESTS": 0,
+                 "ROSEFAST_GENERATION_CONFIG": "none", "ROSEFAST_ACTIVATIONS": kind,
+                 **({"ROSEFAST_MODEL": gguf} if a.model else {})}, startup_timeout=600)
         for url in (s.url for s in servers.values()):
             run(url, 2, 8)   # warm
         rows = []
@@ -76,13 +82,14 @@ def main(argv=None):
         print(f"| {name} | {c} | {r + 1} | {f['completed']} | {f['ttft']['p50']:.1f} | "
               f"{f['itl_per_event']['p50']:.1f} / {f['itl_per_event']['p99']:.1f} | "
               f"{f.get('throughput_completion_tok_s', 0):,.1f} |")
-    for c in levels:
-        ours = [f for n, cc, _, f in rows if n == "rosefast" and cc == c]
-        theirs = [f for n, cc, _, f in rows if n == "llama.cpp" and cc == c]
-        itl = sum(f["itl_per_event"]["p50"] for f in ours) / sum(f["itl_per_event"]["p50"] for f in theirs)
-        tps = sum(f["throughput_completion_tok_s"] for f in ours) / sum(f["throughput_completion_tok_s"] for f in theirs)
-        ttft = sum(f["ttft"]["p50"] for f in ours) / sum(f["ttft"]["p50"] for f in theirs)
-        print(f"c={c}: rosefast / llama.cpp ITL p50 {itl:.2f}x, tok/s {tps:.2f}x, TTFT p50 {ttft:.2f}x")
+    for ours_name in (n for n in servers if n != "llama.cpp"):
+        for c in levels:
+            ours = [f for n, cc, _, f in rows if n == ours_name and cc == c]
+            theirs = [f for n, cc, _, f in rows if n == "llama.cpp" and cc == c]
+            itl = sum(f["itl_per_event"]["p50"] for f in ours) / sum(f["itl_per_event"]["p50"] for f in theirs)
+            tps = sum(f["throughput_completion_tok_s"] for f in ours) / sum(f["throughput_completion_tok_s"] for f in theirs)
+            ttft = sum(f["ttft"]["p50"] for f in ours) / sum(f["ttft"]["p50"] for f in theirs)
+            print(f"c={c}: {ours_name} / llama.cpp ITL p50 {itl:.2f}x, tok/s {tps:.2f}x, TTFT p50 {ttft:.2f}x")
     return rows
 
 

@@ -6,6 +6,7 @@ and where the layers run as one call each (rosefast.kernels.decode_layer) the sa
 
     python -m benches.quantized --tokens 64 [--cpu-kernels avx2]     # a kernel tier (ROSEFAST_CPU_KERNELS)
     python -m benches.quantized --model q4_k_m.gguf --modes none,auto  # a GGUF's own blocks (auto), any formats
+    python -m benches.quantized --model q4_k_m.gguf --modes auto --activations two-digit,one-digit
 """
 import argparse
 import time
@@ -65,6 +66,8 @@ def main(argv=None):
     p.add_argument("--concurrent", default="1,8,32")
     p.add_argument("--step-runs", type=int, default=3)
     p.add_argument("--cpu-kernels", default="auto", help="the quantized linears' kernels: auto, a tier, torch")
+    p.add_argument("--activations", default="two-digit", help="ROSEFAST_ACTIVATIONS values, comma-separated: "
+                   "each a row of its own (the block kernels' one or two int8 digits)")
     p.add_argument("--modes", default="none,int8,int4", help="ROSEFAST_QUANTIZATION values (auto: a GGUF's own "
                    "blocks, with its own head)")
     a = p.parse_args(argv)
@@ -73,15 +76,16 @@ def main(argv=None):
     kernels = pick(a.cpu_kernels)
     print(f"read bandwidth {bw:.1f} GB/s; {a.tokens} greedy tokens per request; dtype {a.dtype}; "
           f"{torch.get_num_threads()} threads; kernels {kernels.name if kernels is not None else 'torch'}")
-    print("| quantization | lm_head | MB read per step | floor tok/s at c=1 | B=1 step ms | per-op step ms | " +
-          " | ".join(f"c={c} tok/s" for c in levels) + " |")
-    print("|---|---|---|---|---|---|" + "---|" * len(levels))
+    print("| quantization | lm_head | activations | MB read per step | floor tok/s at c=1 | B=1 step ms | per-op step "
+          "ms | B=32 step ms | " + " | ".join(f"c={c} tok/s" for c in levels) + " |")
+    print("|---|---|---|---|---|---|---|---|" + "---|" * len(levels))
     rows = []
-    for mode in a.modes.split(","):
+    for mode, activations in ((m, d) for m in a.modes.split(",") for d in a.activations.split(",")):
         for head in {"none": ("none",), "int8": ("none", "int8"), "int4": ("none", "int8", "int4"),
                      "auto": ("auto",)}[mode]:
             engine = LLMEngine(model=resolve_model(a.model), dtype=a.dtype, device="cpu", kv_cache_tokens=8192,
-                               quantization=mode, quantize_lm_head=head, cpu_kernels=a.cpu_kernels)
+                               quantization=mode, quantize_lm_head=head, cpu_kernels=a.cpu_kernels,
+                               activations=activations)
             size = step_bytes(engine.runner.model)
             step = min(timed(ours_step(engine.runner, 1, 64), 10) for _ in range(a.step_runs))
             model, per_op = engine.runner.model, None
@@ -90,10 +94,11 @@ def main(argv=None):
                 model.decode_plans = None
                 per_op = min(timed(ours_step(engine.runner, 1, 64), 10) for _ in range(a.step_runs))
                 model.decode_plans = plans
+            step32 = min(timed(ours_step(engine.runner, 32, 64), 3) for _ in range(a.step_runs))
             rates = [tok_s(engine, c, a.tokens) for c in levels]
             rows.append((mode, head, size, rates, step))
-            print(f"| {mode} | {head if head != 'none' else 'as loaded'} | {size / 1e6:.0f} | {bw * 1e9 / size:.0f} | "
-                  f"{step:.1f} | {'-' if per_op is None else f'{per_op:.1f}'} | " +
+            print(f"| {mode} | {head if head != 'none' else 'as loaded'} | {activations} | {size / 1e6:.0f} | "
+                  f"{bw * 1e9 / size:.0f} | {step:.1f} | {'-' if per_op is None else f'{per_op:.1f}'} | {step32:.1f} | " +
                   " | ".join(f"{r:.1f}" for r in rates) + " |", flush=True)
     return rows
 

@@ -81,15 +81,17 @@ static int rf_quant_tier_ok(int tier) {
     }
 }
 
-/* the activation rows from which `tier` computes with numbers of its own, not the two digits' (the AMX tier's bf16
- * tiles: outputs that differ in their last bits), for fp32 or bf16 activations; 0: never */
-static int rf_quant_own_rows(int tier, int x_bf16) {
+/* the activation rows from which `tier` computes with numbers of its own, not the digits' (the AMX tier's bf16
+ * tiles: outputs that differ in their last bits; the AVX2 tier's FMAs, with two digits only: one digit's integer
+ * products are cheaper than them), for fp32 or bf16 activations and 1 or 2 digits; 0: never */
+static int rf_quant_own_rows(int tier, int x_bf16, int digits) {
 #ifdef RF_X86_TIERS
     if (tier == RF_TIER_AMX) return x_bf16 ? RF_AMX_MIN_ROWS_BF16 : RF_AMX_MIN_ROWS_F32;
-    if (tier == RF_TIER_AVX2) return RF_AVX2_MIN_ROWS;
+    if (tier == RF_TIER_AVX2 && digits == 2) return RF_AVX2_MIN_ROWS;
 #endif
     (void)tier;
     (void)x_bf16;
+    (void)digits;
     return 0;
 }
 
@@ -97,13 +99,15 @@ static int rf_quant_own_rows(int tier, int x_bf16) {
  * parts one after another (N = their rows; each in its own format, tiles as above: a fused q|k|v whose q, k and v
  * are of three types), on `tier`; the activations' digits are made once for all parts. `path_rows` (0: B) is the
  * row count that picks the tier's path where it has two (the AMX tier: its VNNI kernels or the tiles): a
- * speculative step's rows computed as its sequences' decode step would compute them. Returns -1 when there is no
- * memory for the digits, -2 when this CPU does not run the tier, -3 when the parts do not fit (a K format needs
- * K % 256 == 0; at most RF_QPARTS parts). */
+ * speculative step's rows computed as its sequences' decode step would compute them. `digits`: the activations'
+ * digits, 2 (above) or 1 (x1 alone: llama.cpp's Q8 activations, half the integer products, off by up to sx / 2;
+ * every tier computes it as its two-digit kernels would with x2 = 0, the AVX2 tier's many-row path without the
+ * second digit's products). Returns -1 when there is no memory for the digits, -2 when this CPU does not run the
+ * tier, -3 when the parts do not fit (a K format needs K % 256 == 0; at most RF_QPARTS parts; digits 1 or 2). */
 static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
-                                int x_bf16, int64_t B, int64_t K, void *y, int y_bf16, int64_t path_rows) {
+                                int x_bf16, int64_t B, int64_t K, void *y, int y_bf16, int64_t path_rows, int digits) {
     if (tier < 0 || tier >= RF_TIERS || !rf_quant_tier_ok(tier)) return -2;
-    if (nparts < 1 || nparts > RF_QPARTS || K % RF_QG) return -3;
+    if (nparts < 1 || nparts > RF_QPARTS || K % RF_QG || (digits != 1 && digits != 2)) return -3;
     int64_t G = K / RF_QG, first[RF_QPARTS + 1], col[RF_QPARTS], N = 0;
     first[0] = 0;
     for (int p = 0; p < nparts; p++) {
@@ -115,7 +119,7 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
     }
 #ifdef RF_X86_TIERS
     /* a tier with a path of its own (rf_quant_own_rows) takes it from its row count */
-    int own = rf_quant_own_rows(tier, x_bf16);
+    int own = rf_quant_own_rows(tier, x_bf16, digits);
     if (own && (path_rows > 0 ? path_rows : B) >= own)
         return (tier == RF_TIER_AMX ? rf_quant_linear_amx : rf_quant_linear_fma)(parts, nparts, first, col, bias, x,
                                                                                  x_bf16, B, K, y, y_bf16, N);
@@ -125,10 +129,11 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
     void (*quantize)(const void *, int, int64_t, int8_t *, int8_t *, float *, float *, int32_t *, int32_t *) =
         rf_quantize_row_c;
 #ifdef RF_X86_TIERS
-    int many = 0;   /* the AVX2 tier's tile of many rows (rf_quant_many_avx2), for its formats but Q8_0 */
+    int many = 0;   /* the AVX2 tier's tile of many rows (rf_quant_many_avx2; one digit: rf_quant_many1_avx2 at
+                     * every row count), for its formats but Q8_0 */
     if (tier == RF_TIER_AVX2 || tier == RF_TIER_AVXVNNI) {
         tile = tier == RF_TIER_AVX2 ? rf_quant_tile_avx2 : rf_quant_tile_avxvnni;
-        many = tier == RF_TIER_AVX2 && B >= RF_Q_MANY_MIN;
+        many = tier == RF_TIER_AVX2 && (B >= RF_Q_MANY_MIN || digits == 1);
         quantize = rf_quantize_row_avx2;
     } else if (tier == RF_TIER_AVX512VNNI) {
         tile = rf_quant_tile_avx512;
@@ -149,9 +154,15 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
     float *sx = (float *)(x2 + bytes);
     float *sumx = sx + B * G;
     int32_t *isum = (int32_t *)(sumx + B * G), *ihalf = isum + B * 2 * G;
-    for (int64_t b = 0; b < B; b++)
+    for (int64_t b = 0; b < B; b++) {
         quantize((const char *)x + b * K * (x_bf16 ? 2 : 4), x_bf16, K, x1 + b * K, x2 + b * K, sx + b * G,
                  sumx + b * G, isum + b * 2 * G, ihalf + b * 2 * G);
+        if (digits == 1) {   /* the second digit and its sums 0: every kernel's one-digit numbers */
+            memset(x2 + b * K, 0, (size_t)K);
+            memset(isum + b * 2 * G + G, 0, (size_t)G * 4);
+            memset(ihalf + b * 2 * G + G, 0, (size_t)G * 4);
+        }
+    }
     acts.x1 = x1;
     acts.x2 = x2;
     acts.sx = sx;
@@ -186,7 +197,7 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
             int rows = n - t * RF_QROWS < RF_QROWS ? (int)(n - t * RF_QROWS) : RF_QROWS;
             for (int64_t b0 = 0; b0 < B; b0 += RF_Q_MANY) {
                 int nb = B - b0 < RF_Q_MANY ? (int)(B - b0) : RF_Q_MANY;
-                rf_quant_many_avx2(&tw, &acts, b0, nb, v);
+                (digits == 1 ? rf_quant_many1_avx2 : rf_quant_many_avx2)(&tw, &acts, b0, nb, v);
                 for (int bb = 0; bb < nb; bb++)
                     rf_q_store(y, y_bf16, (b0 + bb) * N + c0, v + bb * RF_QROWS, bias ? bias + c0 : 0, rows);
             }
@@ -214,10 +225,10 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
     return 0;
 }
 
-/* rf_quant_linear_rows with the path picked by B itself */
+/* rf_quant_linear_rows with the path picked by B itself, two digits */
 static int rf_quant_linear(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
                            int x_bf16, int64_t B, int64_t K, void *y, int y_bf16) {
-    return rf_quant_linear_rows(tier, parts, nparts, bias, x, x_bf16, B, K, y, y_bf16, 0);
+    return rf_quant_linear_rows(tier, parts, nparts, bias, x, x_bf16, B, K, y, y_bf16, 0, 2);
 }
 
 /* rows `ids` [n] of one part's weight -> out [n, K] (fp32 or bf16): the weight's own numbers, as the format's

@@ -18,7 +18,7 @@ cdef extern from "quant_kernels.h" nogil:
         const uint8_t *sc
         const uint8_t *mn
     int rf_quant_tier_ok(int tier)
-    int rf_quant_own_rows(int tier, int x_bf16)
+    int rf_quant_own_rows(int tier, int x_bf16, int digits)
     int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
-                             int x_bf16, int64_t B, int64_t K, void *y, int y_bf16, int64_t path_rows)
+                             int x_bf16, int64_t B, int64_t K, void *y, int y_bf16, int64_t path_rows, int digits)
     int rf_quant_rows(const rf_qweights *q, const int64_t *ids, int64_t n, int64_t K, void *out, int out_bf16)

@@ -124,7 +124,7 @@ class BuiltModel:
 
 
 def build_model(spec, device, dtype, quantization="none", *, quantize_lm_head="auto", cpu_kernels="auto",
-                batch_hint=1):
+                activations="two-digit", batch_hint=1):
     """A ready model for `spec` (a name, a path, a ResolvedModel) on `device` with `dtype`, its linears in
     `quantization` (none, auto, int8, int4; rosefast.config): weights loaded, a GGUF's blocks put in as they lie
     (or quantized at load), the rest packed for the CPU's matmuls, the one-call decode plan made where it fits.
@@ -137,7 +137,8 @@ def build_model(spec, device, dtype, quantization="none", *, quantize_lm_head="a
         source = gguf_source(resolved)
         tiles = cached_tiles(source, args, resolved.path) if source is not None and \
             quantizes(quantization, device) else None
-        count, described = quantize_linears(module, quantization, tiles, head=quantize_lm_head, kernels=cpu_kernels)
+        count, described = quantize_linears(module, quantization, tiles, head=quantize_lm_head, kernels=cpu_kernels,
+                                            activations=activations)
         # what the blocks were not put in for: auto on a GPU, a tied embedding not looked up in the head's blocks
         fill_linears(module, resolved)
         pack_linears(module, batch_hint=batch_hint)

@@ -43,6 +43,9 @@ QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 SPECULATIVE_MODES = ("auto", "off", "ngram")
 # the quantized linears' kernels (rosefast.kernels.quant_ops): the best tier this CPU runs, one tier, or torch's ops
 CPU_KERNELS = ("auto", "amx", "avx512vnni", "avxvnni", "avx2", "neon", "scalar", "torch")
+# the block kernels' activations, by their int8 digits per 32 inputs: two (finer than bf16) or one
+# (llama.cpp's Q8 activations: half the integer products; docs/cpu-kernels.md measures what each costs)
+ACTIVATIONS = ("two-digit", "one-digit")
 HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
 
 
@@ -74,6 +77,8 @@ class EngineConfig:
                                        # the linears are quantized, else none (rosefast.models.quantized.head_mode)
     cpu_kernels: str = "auto"          # the quantized linears' kernels: auto (the best tier this CPU runs),
                                        # amx, avx512vnni, avxvnni, avx2, neon, scalar (portable C), torch (torch's ops)
+    activations: str = "two-digit"     # the block kernels' activations: two-digit (two int8 digits per 32 inputs,
+                                       # finer than bf16), one-digit (llama.cpp's Q8: half the integer products)
     speculative: str = "auto"          # speculative decoding by prompt lookup (rosefast.engine.speculation): auto
                                        # (where it pays: small batches, sequences whose guesses are kept), ngram
                                        # (wherever a guess is found), off
@@ -111,6 +116,8 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}; got {self.quantization!r}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"cpu_kernels must be one of {', '.join(CPU_KERNELS)}; got {self.cpu_kernels!r}")
+        if self.activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {self.activations!r}")
         if self.speculative not in SPECULATIVE_MODES:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}; got {self.speculative!r}")
         if self.speculative_tokens > 64:

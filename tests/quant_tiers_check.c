@@ -4,7 +4,7 @@
  * sub-scales and mins (their whole range, the 6-bit edges included), fp32 and bf16 activations and outputs, every
  * format, 1, 6, 7 and 31 rows (the 256-bit tiles' bodies of 1-4 rows; and 77 where a tier has a path of its own: AMX's
  * passes take 64, AVX2's FMAs 4 rows), a partial tile, an all-zero block, and a linear of three parts in three
- * formats. Built by the suite natively and with an aarch64 cross compiler (run
+ * formats; the activations as two digits and as one (each against the scalar tier's same digits). Built by the suite natively and with an aarch64 cross compiler (run
  * under qemu-user) to check the NEON tier where no ARM machine is at hand.
  *
  *     quant_tiers_check [--quick] [TIER ...]    exit 0: every tier agrees; 1: one does not; 2: a named tier does
@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
         uint64_t hash = 1469598103934665603ull;   /* FNV-1a over every output's bytes: two paths that must make the
                                                    * same outputs (the NEON tier's sdot and smmla) compare by it */
         for (int s = 0; s < (quick ? 2 : 3); s++)
-            for (int bi = 0; bi < (rf_quant_own_rows(t, 0) && !quick ? 5 : 4); bi++)   /* 77: AMX's 64-row passes, AVX2's 4 */
+            for (int bi = 0; bi < (rf_quant_own_rows(t, 0, 2) && !quick ? 5 : 4); bi++)   /* 77: AMX's 64-row passes, AVX2's 4 */
                 for (int f = 0; f <= RF_FMTS; f++)   /* the last: three parts of three formats */
                     for (int bf16 = 0; bf16 < 2; bf16++) {
                         int64_t N = shapes[s][0], K = shapes[s][1], B = batches[bi], G = K / RF_QG;
@@ -137,13 +137,14 @@ int main(int argc, char **argv) {
                         }
                         for (int64_t i = 0; i < NT; i++) bias[i] = uniform();
                         const void *xin = bf16 ? (const void *)xb : (const void *)x;
-                        int rs = rf_quant_linear(RF_TIER_SCALAR, parts, nparts, bias, xin, bf16, B, K, ys, bf16);
-                        int own = rf_quant_own_rows(t, bf16), two = own && B >= own;
+                        for (int dg = 2; dg >= 1; dg--) {   /* the activations' digits: two, then one */
+                        int rs = rf_quant_linear_rows(RF_TIER_SCALAR, parts, nparts, bias, xin, bf16, B, K, ys, bf16, 0, dg);
+                        int own = rf_quant_own_rows(t, bf16, dg), two = own && B >= own;
                         double *exact = two ? sums(parts, nparts, xin, bf16, bias, B, K) : 0;
                         /* where the rows pick the tier's own path, the same rows on its other path too (path_rows 1:
                          * a one-sequence step's), against the scalar tier */
                         for (int other = 0; other <= two; other++) {
-                            int rt = rf_quant_linear_rows(t, parts, nparts, bias, xin, bf16, B, K, yt, bf16, other);
+                            int rt = rf_quant_linear_rows(t, parts, nparts, bias, xin, bf16, B, K, yt, bf16, other, dg);
                             double big = 0, diff = 0;
                             for (int64_t i = 0; i < B * NT; i++) {
                                 double r = exact && !other ? exact[i] : value(ys, bf16, i), v = value(yt, bf16, i);
@@ -157,15 +158,17 @@ int main(int argc, char **argv) {
                             cases++;
                             if (rs || rt || rel > tol) {
                                 failed++;
-                                printf("FAILED %s: N=%lld K=%lld B=%lld%s %s %s: rc %d/%d, max error %.3g of %.3g\n",
+                                printf("FAILED %s: N=%lld K=%lld B=%lld%s %s %s, %d digit%s: rc %d/%d, max error %.3g of %.3g\n",
                                        NAMES[t], (long long)NT, (long long)K, (long long)B, other ? " (path of 1 row)" : "",
-                                       FMT[f], bf16 ? "bf16" : "fp32", rs, rt, diff, big);
+                                       FMT[f], bf16 ? "bf16" : "fp32", dg, dg == 1 ? "" : "s", rs, rt, diff, big);
                             } else {
                                 passed++;
                             }
                         }
+                        free(exact);
+                        }
                         for (int i = 0; i < nowned; i++) free(owned[i]);
-                        free(x); free(xb); free(bias); free(ys); free(yt); free(exact);
+                        free(x); free(xb); free(bias); free(ys); free(yt);
                     }
         const char *path = "";
 #ifdef RF_NEON_TIERS

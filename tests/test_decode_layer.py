@@ -16,9 +16,9 @@ needs = pytest.mark.skipif(not compiled, reason="the one-call-per-layer plan is 
 TIERS = quant_ops.impl.tiers() if compiled else []
 
 
-def _engine(model, dtype, quantization="int4", kernels="auto"):
+def _engine(model, dtype, quantization="int4", kernels="auto", activations="two-digit"):
     return LLMEngine(model=model, dtype=dtype, device="cpu", kv_cache_tokens=1024, quantization=quantization,
-                     quantize_lm_head="int8", cpu_kernels=kernels)
+                     quantize_lm_head="int8", cpu_kernels=kernels, activations=activations)
 
 
 def _decode_logits(runner):
@@ -48,6 +48,21 @@ def test_one_call_per_layer_gives_the_per_op_paths_bits(dtype, variant, tier):
     plain = _decode_logits(runner)
     assert len(fused) == 15
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(fused, per_op, plain))
+
+
+@needs
+@pytest.mark.parametrize("tier", TIERS)
+def test_one_digit_activations_reach_the_one_call_plan(tier, tiny_llama):
+    """ROSEFAST_ACTIVATIONS=one-digit: every linear, the plan's included, on the tier's one-digit numbers — the plan
+    gives the per-op path's bits, and they are not the two digits' logits."""
+    runner = _engine(tiny_llama, "float32", kernels=tier, activations="one-digit").runner
+    assert runner.model.layers[0].qkv.kernels.digits == 1 and runner.model.decode_plans is not None
+    fused = _decode_logits(runner)
+    runner.model.decode_plans = None
+    per_op = _decode_logits(runner)
+    assert all(torch.equal(a, b) for a, b in zip(fused, per_op))
+    two = _decode_logits(_engine(tiny_llama, "float32", kernels=tier).runner)
+    assert not any(torch.equal(a, b) for a, b in zip(fused, two))
 
 
 @needs

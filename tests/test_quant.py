@@ -139,6 +139,37 @@ def test_every_tier_of_the_block_kernels_equals_the_twin(n, k, batch, dtype, tie
             assert (got.float() - scalar.float()).abs().max() <= tol * want.float().abs().max(), (tiles.fmt, dtype)
 
 
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("batch", [1, 5, 12, 33])
+def test_one_digit_activations_on_every_tier_are_the_twins_one_digit(batch, tier):
+    """ROSEFAST_ACTIVATIONS=one-digit: every tier computes the twin's one-digit numbers (x2 = 0), the AVX2 tier on
+    its integer products at every row count (no FMAs); they differ from two digits' and sit farther from the exact
+    sums (half a step of error against 1/508); a row's outputs do not depend on the rows beside it."""
+    g = torch.Generator().manual_seed(batch)
+    n, k = 96, 512
+    x = torch.randn(batch, k, generator=g) * 2
+    kernels, two = quant_ops.pick(tier, "one-digit"), quant_ops.pick(tier)
+    assert kernels.digits == 1 and two.digits == 2 and kernels is quant_ops.pick(tier, "one-digit")
+    if tier == "avx2":
+        assert kernels.own_numbers_from(torch.float32) is None and two.own_numbers_from(torch.float32) == 8
+    own = kernels.own_numbers_from(torch.float32)
+    parts = [pack_tiles("q4_1", quantize_q4_1(torch.randn(n, k, generator=g) * 0.05)),
+             pack_tiles("q8_0", quantize_q8_0(torch.randn(n, k, generator=g) * 0.05))]
+    for tiles in parts:
+        weights = quant_ops.impl.Weights([tiles], None, k)
+        got = kernels.linear(x, weights)
+        if own is not None and batch >= own:   # AMX's tiles: neither digit's numbers
+            continue
+        want = _quant_ops_py.linear(x, _quant_ops_py.Weights([tiles], None, k), digits=1)
+        assert (got - want).abs().max() <= 2e-5 * want.abs().max(), tiles.fmt
+        assert torch.equal(kernels.linear(x[-1:].contiguous(), weights)[0], got[-1]) or tier == "amx", tiles.fmt
+        exact = x.double() @ quant_ops.impl.rows(weights, torch.arange(n), torch.float32).double().T
+        rms = lambda y: (y.double() - exact).square().mean().sqrt()   # noqa: E731
+        assert rms(got) > 20 * rms(two.linear(x, weights)), tiles.fmt   # one digit: ~127 times the error
+    with pytest.raises(ValueError, match="activations must be one of two-digit, one-digit"):
+        quant_ops.pick(tier, "three-digit")
+
+
 @pytest.mark.skipif("amx" not in TIERS, reason="this CPU runs no AMX tier (Intel Sapphire Rapids and later)")
 def test_the_row_count_that_picks_the_amx_tiers_path_can_be_the_steps_sequences():
     """20 rows on the AMX tier take the tiles; told the step has 4 sequences (path_rows), the same rows take its
@@ -436,8 +467,9 @@ def test_the_c_driver_finds_every_x86_tier_equal_to_the_scalar_one(tmp_path):
         pytest.skip("no C compiler")
     run = subprocess.run([_driver("cc", tmp_path / "check")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout
-    # 77 rows too where a tier has two paths, and its 31 and 77 rows on both paths
-    cases = {t: 336 if t in ("amx", "avx2") else 192 for t in TIERS}
+    # two digits, then one; 77 rows too where a tier has two paths, and its 31 and 77 rows on both paths (AVX2's
+    # FMAs: with two digits only)
+    cases = {t: {"amx": 672, "avx2": 576}.get(t, 384) for t in TIERS}
     assert all(f"{t}: {cases[t]} cases" in run.stdout for t in TIERS if t != "scalar"), run.stdout
     assert run.stdout.rstrip().endswith(" passed, 0 failed"), run.stdout
 
@@ -454,8 +486,8 @@ def test_the_neon_tier_equals_the_scalar_one_under_emulation(tmp_path):
     hashes = []
     for cpu, path in (("max", "smmla for row pairs"), ("neoverse-n1", "sdot")):
         run = subprocess.run([qemu, "-cpu", cpu, str(binary), "neon"], capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0 and f"neon: 192 cases against scalar ({path})" in run.stdout, run.stdout
-        assert run.stdout.rstrip().endswith("192 passed, 0 failed")
+        assert run.returncode == 0 and f"neon: 384 cases against scalar ({path})" in run.stdout, run.stdout
+        assert run.stdout.rstrip().endswith("384 passed, 0 failed")
         hashes.append(re.search(r"outputs' hash (\w+)", run.stdout).group(1))
     assert hashes[0] == hashes[1]   # smmla's outputs are sdot's, bit for bit
     old = subprocess.run([qemu, "-cpu", "cortex-a53", str(binary), "neon"], capture_output=True, text=True, timeout=60)
@@ -501,8 +533,8 @@ def test_an_avx2_only_cpu_under_emulation_runs_the_avx2_tier_and_attention(tmp_p
                          timeout=600)
     if "avx2: not run by this CPU" in run.stdout:
         pytest.skip("this QEMU does not emulate AVX2 (it came in QEMU 7.2)")
-    assert run.returncode == 0 and run.stdout.rstrip().endswith("160 passed, 0 failed"), run.stdout
-    assert "avx2: 160 cases" in run.stdout
+    assert run.returncode == 0 and run.stdout.rstrip().endswith("288 passed, 0 failed"), run.stdout
+    assert "avx2: 288 cases" in run.stdout
     assert all(f"{t}: not run by this CPU" in run.stdout for t in ("avxvnni", "avx512vnni", "amx"))
     root = Path(__file__).parent.parent
     env = {k: v for k, v in os.environ.items() if k not in ("ROSEFAST_CPU_KERNELS", "ATEN_CPU_CAPABILITY")}

@@ -68,6 +68,7 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         built = build_model(model or config.model, self.device, self.dtype, config.quantization,
                             quantize_lm_head=config.quantize_lm_head, cpu_kernels=config.cpu_kernels,
+                            activations=config.activations,
                             batch_hint=config.max_batch_size)
         self.model, self.args = built.module, built.args
 

@@ -36,11 +36,11 @@ cdef struct Linear:
     int nparts
     const float *bias
     int64_t k
-    int tier
+    int tier, digits
 
 
 def _tier(layer):
-    """The one compiled tier all four of the layer's linears run on, else None."""
+    """The one compiled tier (with its digits) all four of the layer's linears run on, else None."""
     from rosefast.kernels._quant_ops_c import Tier
     found = [getattr(getattr(layer, name), "kernels", None) for name in ("qkv", "o", "gate_up", "down")]
     return found[0] if all(isinstance(k, Tier) and k is found[0] for k in found) else None
@@ -104,7 +104,8 @@ cdef class LayerPlan:
             self.tensors += [layer.post_attn_norm.data, layer.post_mlp_norm.data]
             self.post_attn_norm = _ptr(layer.post_attn_norm.data, self.dtype, "post_attn_norm")
             self.post_mlp_norm = _ptr(layer.post_mlp_norm.data, self.dtype, "post_mlp_norm")
-        cdef int tier = _tier(layer).index
+        kernels = _tier(layer)
+        cdef int tier = kernels.index, digits = kernels.digits
         shapes = ((self.qkv_n, self.hidden), (self.hidden, self.nh * self.D), (2 * self.inter, self.hidden),
                   (self.hidden, self.inter))
         for i, name in enumerate(("qkv", "o", "gate_up", "down")):
@@ -125,6 +126,7 @@ cdef class LayerPlan:
             self.lin[i].bias = <const float *>_opt(weights.bias)
             self.lin[i].k = lin.in_features
             self.lin[i].tier = tier
+            self.lin[i].digits = digits
             self.tensors.append(weights)
 
     def __call__(self, x, residual, StepInputs step, k_cache, v_cache):
@@ -157,7 +159,7 @@ cdef class StepInputs:
 
 
 cdef inline int _linear(Linear *l, const void *x, int bf16, int64_t B, void *y, int64_t path_rows) noexcept nogil:
-    return rf_quant_linear_rows(l.tier, l.parts, l.nparts, l.bias, x, bf16, B, l.k, y, bf16, path_rows)
+    return rf_quant_linear_rows(l.tier, l.parts, l.nparts, l.bias, x, bf16, B, l.k, y, bf16, path_rows, l.digits)
 
 
 cdef _decode(LayerPlan plan, x, residual, StepInputs step, k_cache, v_cache):

@@ -5,7 +5,7 @@ portable C —, the activations as two int8 digits per 32 inputs; the AMX tier's
 values in bf16 instead); twin: _quant_ops_py, the same arithmetic in torch.
 
     weights = Weights(parts, bias, in_features)     # once, when a layer is made: parts are quant_tiles.Tiles
-    kernels = tier("avx2")                          # or tier(tiers()[0]): the best here
+    kernels = tier("avx2")                          # or tier(tiers()[0]): the best here; tier("avx2", 1): one digit
     y = kernels.linear(x, weights)
     e = rows(weights, ids, torch.bfloat16)          # rows of a one-part weight: an embedding from its blocks
 """
@@ -68,25 +68,26 @@ cdef class Weights:
 
 
 cdef class Tier:
-    """One tier of the kernels (made by `tier(name)`)."""
-    cdef readonly int index
+    """One tier of the kernels with the activations' digits, 2 or 1 (made by `tier(name, digits)`)."""
+    cdef readonly int index, digits
     cdef readonly str name
 
-    def __init__(self, str name):
+    def __init__(self, str name, int digits=2):
         if name not in TIERS:
             raise ValueError(f"unknown kernel tier {name!r}; the tiers are {', '.join(BEST_FIRST)}")
         if not rf_quant_tier_ok(TIERS.index(name)):
             raise ValueError(f"this CPU does not run the {name} kernels; it runs {', '.join(tiers())}")
-        self.index, self.name = TIERS.index(name), name
+        _quant_ops_py.check_digits(digits)
+        self.index, self.name, self.digits = TIERS.index(name), name, digits
 
     def __repr__(self):
-        return f"<block kernels {self.name}>"
+        return f"<block kernels {self.name}{', one digit' if self.digits == 1 else ''}>"
 
     def own_numbers_from(self, dtype):
-        """The activation rows from which this tier computes with numbers of its own, not the two int8 digits' (the
-        AMX tier's bf16 tiles, the AVX2 tier's fp32 FMAs: other last bits), for float32 or bfloat16 activations;
-        None: never."""
-        return rf_quant_own_rows(self.index, dtype is BF16) or None
+        """The activation rows from which this tier computes with numbers of its own, not the int8 digits' (the
+        AMX tier's bf16 tiles; the AVX2 tier's fp32 FMAs with two digits: other last bits), for float32 or bfloat16
+        activations; None: never."""
+        return rf_quant_own_rows(self.index, dtype is BF16, self.digits) or None
 
     def linear(self, x, Weights weights, int64_t path_rows=0):
         """x [B, K] float32 or bfloat16, contiguous -> [B, out_features] of x's dtype. path_rows: the row count
@@ -103,10 +104,10 @@ cdef class Tier:
             return y
         cdef uintptr_t px = x.data_ptr(), py = y.data_ptr()
         cdef int bf16 = dt is BF16
-        cdef int rc, index = self.index
+        cdef int rc, index = self.index, digits = self.digits
         with nogil:
             rc = rf_quant_linear_rows(index, weights.c, weights.nparts, weights.pbias, <const void *>px, bf16, B, K,
-                                      <void *>py, bf16, path_rows)
+                                      <void *>py, bf16, path_rows, digits)
         if rc == -1:
             raise MemoryError(f"quantized linear: no memory for {B} rows' activations")
         if rc != 0:
@@ -136,8 +137,8 @@ def rows(Weights weights, ids, dtype):
 _made = {}
 
 
-def tier(str name):
-    """The Tier `name` (one object per name, so layers on the same tier hold the same one)."""
-    if name not in _made:
-        _made[name] = Tier(name)
-    return _made[name]
+def tier(str name, int digits=2):
+    """The Tier `name` with `digits` (one object per pair, so layers on the same tier hold the same one)."""
+    if (name, digits) not in _made:
+        _made[name, digits] = Tier(name, digits)
+    return _made[name, digits]

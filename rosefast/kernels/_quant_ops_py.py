@@ -1,5 +1,5 @@
 """Linears on GGUF block tiles in torch: the reference twin of _quant_ops_c, the same arithmetic (the activations
-as two int8 digits per 32 inputs, integer dot products per block — per 16 inputs where Q6_K's scales change —,
+as two int8 digits per 32 inputs, or one, integer dot products per block — per 16 inputs where Q6_K's scales change —,
 then the scales and mins) up to the order of the float sums. Unpacks the tiles each call: for tests, not for
 serving (its `tiers()` is empty)."""
 import torch
@@ -14,7 +14,14 @@ def tiers():
     return []
 
 
-def tier(name):
+def check_digits(digits):
+    """The activations' digits a tier takes: 2 (the default) or 1 (llama.cpp's Q8 activations)."""
+    if digits not in (1, 2):
+        raise ValueError(f"the activations are quantized to 1 or 2 int8 digits, not {digits!r}")
+    return digits
+
+
+def tier(name, digits=2):
     raise ValueError(f"the {name} kernels need the compiled build; this is the pure-Python flavour "
                      "(ROSEFAST_NO_EXTENSIONS, or no extensions built)")
 
@@ -59,27 +66,27 @@ class Weights:
         self.bias = bias
 
 
-def quantize_activations(x):
-    """x [B, K] -> (x1, x2 [B, K/32, 32]: the two digits, integers as float32; scale sx, exact sum [B, K/32]):
-    x ~ sx (x1 + x2 / 254), as csrc/quant_kernels.h makes them."""
+def quantize_activations(x, digits=2):
+    """x [B, K] -> (x1, x2 [B, K/32, 32]: the two digits, integers as float32, x2 zeros for one digit; scale sx,
+    exact sum [B, K/32]): x ~ sx (x1 + x2 / 254), as csrc/quant_kernels.h makes them."""
     B, K = x.shape
     g = x.to(torch.float32).reshape(B, K // 32, 32)
     amax = g.abs().amax(dim=-1)
     scale = amax / 127.0
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))[..., None]
     x1 = torch.round(g * inv)
-    x2 = torch.round((g - x1 * scale[..., None]) * (254.0 * inv))
+    x2 = torch.round((g - x1 * scale[..., None]) * (254.0 * inv)) if check_digits(digits) == 2 else torch.zeros_like(x1)
     return x1, x2, scale, g.sum(dim=-1)
 
 
-def linear(x, weights):
-    """x [B, K] float32/bfloat16 -> [B, out_features] of x's dtype."""
+def linear(x, weights, digits=2):
+    """x [B, K] float32/bfloat16 -> [B, out_features] of x's dtype, the activations as `digits` int8 digits."""
     if x.dim() != 2 or x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"quantized linear: x must be a 2-D float32/bfloat16 tensor, got {x.dtype} {tuple(x.shape)}")
     B, K = x.shape
     if K != weights.in_features:
         raise ValueError(f"quantized linear: x {tuple(x.shape)} does not fit {weights.in_features} inputs")
-    x1, x2, sx, sumx = quantize_activations(x)
+    x1, x2, sx, sumx = quantize_activations(x, digits)
     x1, x2 = x1.reshape(B, K // 16, 16), x2.reshape(B, K // 16, 16)
     sx16 = sx.repeat_interleave(2, dim=1)                                                   # [B, K/16]
     out = []

@@ -2,6 +2,7 @@
 torch twin (ROSEFAST_NO_EXTENSIONS=1, and for tests).
 
     kernels = pick("auto")       # ROSEFAST_CPU_KERNELS: the best tier this CPU runs, a named one, or None
+    kernels = pick("auto", "one-digit")   # its activations as one int8 digit (rosefast.config.ACTIVATIONS)
     weights = impl.Weights(tiles, bias, in_features)          # once: quant_tiles.Tiles, one or more parts
     if kernels is not None: y = kernels.linear(x, weights)
     with decoding(sequences): ...   # a speculative step: its rows on the path its sequences' decode step takes
@@ -10,7 +11,7 @@ import threading
 from contextlib import contextmanager
 
 from rosefast._select import select
-from rosefast.config import CPU_KERNELS, forced_cpu_kernels
+from rosefast.config import ACTIVATIONS, CPU_KERNELS, forced_cpu_kernels
 
 impl = select("quant_ops", package="rosefast.kernels")
 
@@ -35,11 +36,15 @@ def decoding(sequences):
         step.sequences = 0
 
 
-def pick(setting="auto"):
+def pick(setting="auto", activations="two-digit"):
     """The kernels for a cpu_kernels setting (rosefast.config.CPU_KERNELS): "auto" is what ROSEFAST_CPU_KERNELS
     names when it is set (so one variable forces a tier for the server, the library and the tests alike), else
     the best tier this CPU runs (None, torch's ops, on the pure-Python flavour); a tier's name is that tier (a
-    ValueError saying what runs here when this CPU or build does not run it); "torch" is None."""
+    ValueError saying what runs here when this CPU or build does not run it); "torch" is None. `activations`: the
+    tier's digits (rosefast.config.ACTIVATIONS)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
+    digits = {"two-digit": 2, "one-digit": 1}[activations]
     if setting == "auto":
         setting = forced_cpu_kernels()
     if setting not in CPU_KERNELS:
@@ -48,8 +53,8 @@ def pick(setting="auto"):
         return None
     if setting == "auto":
         best = impl.tiers()
-        return impl.tier(best[0]) if best else None
-    return impl.tier(setting)
+        return impl.tier(best[0], digits) if best else None
+    return impl.tier(setting, digits)
 
 
 def available():

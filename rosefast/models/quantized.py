@@ -35,10 +35,10 @@ log = logging.getLogger("rosefast.engine")
 
 
 
-def block_kernels(setting="auto"):
-    """Our block kernels' tier for a cpu_kernels setting, or None (torch's weight-only ops); a tier object passes
-    through."""
-    return quant_ops.pick(setting) if isinstance(setting, str) else setting
+def block_kernels(setting="auto", activations="two-digit"):
+    """Our block kernels' tier for a cpu_kernels setting with its activations' digits (rosefast.config.ACTIVATIONS),
+    or None (torch's weight-only ops); a tier object passes through."""
+    return quant_ops.pick(setting, activations) if isinstance(setting, str) else setting
 
 
 class _TiledLinear(nn.Module):
@@ -259,16 +259,16 @@ def quantizes(mode, device):
     return mode != "none" and not (mode == "auto" and device.type != "cpu")
 
 
-def quantize_linears(model, mode, from_file=None, head="none", kernels="auto"):
+def quantize_linears(model, mode, from_file=None, head="none", kernels="auto", activations="two-digit"):
     """Replace the layers' qkv, o, gate_up and down (and the lm_head, by `head_mode(head, mode)`) by quantized
     ones; a GGUF file's blocks (`from_file`: the file's tiles, rosefast.sources.tiles_cache) are taken as they
     are where they are the mode's own (Q4_1 linears for int4, Q8_0 for int8; any other block formats for auto;
     the file's own head blocks for an int8 head); "auto" is the file's own blocks, whatever their formats, when every linear
-    is in one the kernels take, else nothing; `kernels`: a cpu_kernels setting. Returns (layers replaced,
-    source)."""
+    is in one the kernels take, else nothing; `kernels`: a cpu_kernels setting (`activations`: its digits). Returns
+    (layers replaced, source)."""
     if not quantizes(mode, next(model.parameters()).device):
         return 0, None
-    kernels = block_kernels(kernels)
+    kernels = block_kernels(kernels, activations)
     own = {"q4_1": "int4", "q8_0": "int8", "blocks": "blocks"}.get(from_file["linears"]) if from_file else None
     if mode == "auto":
         if own is None:
@@ -322,7 +322,8 @@ def quantize_linears(model, mode, from_file=None, head="none", kernels="auto"):
         source += f" ({types} tensors)" if mode == "blocks" else ""
     else:
         source = "quantized at load"
-    on = f"our {kernels.name} block kernels" if kernels is not None else (
+    on = f"our {kernels.name} block kernels{', one-digit activations' if kernels.digits == 1 else ''}" \
+        if kernels is not None else (
         "torch's weight-only ops (bf16 numbers" + (": blocks dequantized once and quantized again to Q4_1 or int8)"
                                                    if mode == "blocks" else ")"))
     tiled = [m for m in model.modules() if isinstance(m, _TiledLinear)]
