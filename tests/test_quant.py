@@ -316,6 +316,21 @@ def test_a_directory_is_quantized_at_load_and_the_benchmark_runs(tiny_llama, cap
     assert "| int4 | int4 |" in capsys.readouterr().out
 
 
+def test_the_activations_benchmark_finds_one_digit_farther_from_the_unquantized_forward(default_model, capsys):
+    """benches/activations.py on the real model and a real text: two digits' distributions next to the unquantized
+    forward's, one digit's measurably farther (and the settings named wrong are refused)."""
+    from benches import activations
+
+    rows = activations.main(["--tokens", "96", "--window", "48"])
+    two, one = rows["two-digit", "fp32"], rows["one-digit", "fp32"]
+    assert 0 <= two["kl_mean"] < 1e-5 < one["kl_mean"] and one["kl_max"] > 10 * two["kl_max"]
+    assert two["top1"] >= one["top1"] and two["top1"] > 0.95
+    assert rows["one-digit", "two-digit"]["kl_mean"] > 1e-5
+    assert "| one-digit | fp32 |" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="activations must be one of two-digit, one-digit"):
+        EngineConfig(activations="1")
+
+
 def test_auto_is_int4_for_a_q4_1_file_and_none_for_a_directory(default_model, tiny_llama):
     from server.config import server_config_from_env
 
