@@ -4,13 +4,18 @@ llama.cpp's own `llama-quantize` (Q4_K_M, Q4_0, ...). llama.cpp loads random wei
 
     python -m benches.shaped_gguf --shape llama-3.2-1b --out /tmp/llama1b-f16.gguf
     llama-quantize /tmp/llama1b-f16.gguf /tmp/llama1b-q4_k_m.gguf Q4_K_M
+    python -m benches.shaped_gguf --shape qwen3-4b --layers 12 --out ...   # cut to fit: each layer as the model's
+
+A bigger model cut to fewer layers (--layers) keeps its per-layer shapes, so a step's per-layer work and the
+kernels' sizes are the real model's; the step is that fraction of the whole model's (the embedding and head
+whole). Written from fp32 weights in memory: ~4 bytes a parameter while it runs.
 """
 import argparse
 
 from gguf import GGMLQuantizationType
 
 SHAPES = {   # (family, the Hugging Face config's own numbers: the vocabulary aside, the tokenizer is SmolLM2's)
-    "tiny-256": ("llama", dict(hidden_size=256, intermediate_size=512)),   # the suite's smoke test
+    "tiny-256": ("llama", dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2)),   # the suite's smoke test
     "llama-3.2-1b": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                          num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=True,
                          max_position_embeddings=4096, initializer_range=0.02)),
@@ -24,6 +29,12 @@ SHAPES = {   # (family, the Hugging Face config's own numbers: the vocabulary as
     "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1000000.0,
                                  tie_word_embeddings=True, max_position_embeddings=4096, initializer_range=0.02)),
+    "qwen3-4b": ("qwen3", dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                               num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, tie_word_embeddings=True,
+                               max_position_embeddings=4096, initializer_range=0.02)),
+    "llama-3.1-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                                   num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=False,
+                                   max_position_embeddings=4096, initializer_range=0.02)),
     "gemma3-1b": ("gemma3_text", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,   # 22 local
                                       num_attention_heads=4, num_key_value_heads=1, head_dim=256,   # layers on a
                                       sliding_window=512, query_pre_attn_scalar=256,   # window
@@ -36,14 +47,20 @@ def main(argv=None):
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.2-1b")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=0, help="cut the model to this many layers (0: all of them)")
     a = p.parse_args(argv)
     from rosefast.sources import tiny_random
     from tests.gguf_writer import write_gguf
 
     family, shape = SHAPES[a.shape]
+    if a.layers:
+        if not 0 < a.layers <= shape["num_hidden_layers"]:
+            raise SystemExit(f"--layers: 1 to {shape['num_hidden_layers']} for {a.shape}, not {a.layers}")
+        shape = {**shape, "num_hidden_layers": a.layers}
     model = tiny_random(family, seed=a.seed, **shape)
     args = write_gguf(a.out, model, lambda name: GGMLQuantizationType.F16)
-    print(f"{a.out}: {a.shape} ({family}), {args.num_layers} layers, hidden {args.hidden_size}, vocab {args.vocab_size}, F16")
+    print(f"{a.out}: {a.shape} ({family}), {args.num_layers} layers{' (cut)' if a.layers else ''}, hidden "
+          f"{args.hidden_size}, vocab {args.vocab_size}, F16")
     return a.out
 
 

@@ -4,7 +4,8 @@
  *   x ~ sx (x1 + x2 / 254),  x1 = round(x / sx), x2 = round((x - sx x1) 254 / sx),  sx = max |x| / 127
  *
  * (one digit, llama.cpp's Q8 activations, is off by up to sx / 2: 1-3 % per linear on SmolLM2's activations,
- * enough to part greedy texts within a few tokens; two are off by sx / 508, finer than bf16). Per block g of 32
+ * enough to part greedy texts within a few tokens; two are off by sx / 508, finer than bf16; one digit is a setting,
+ * rf_quant_linear_rows' `digits`: x2 = 0, half the integer products). Per block g of 32
  * inputs, a row's weights are integers q times a scale s, plus a min m where the format has one:
  *
  *   y[b, n] = sum_g s[n, g] sx[b, g] (q . x1 + q . x2 / 254) + m[n, g] sumx[b, g]

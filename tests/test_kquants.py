@@ -301,3 +301,7 @@ def test_the_shaped_gguf_writer_writes_an_f16_file_rosefast_reads(tmp_path):
     assert {t.tensor_type.name for t in tensors} == {"F16", "F32"} and len(tensors) == 2 + 9 * 2
     args = load_model_args(tiny_random("llama", hidden_size=256, intermediate_size=512).path)
     assert gguf_blocks.gguf_blocks(path, args) is None
+    cut = shaped_gguf.main(["--shape", "tiny-256", "--layers", "1", "--out", str(tmp_path / "cut-f16.gguf")])
+    assert len(gguf.GGUFReader(cut).tensors) == 2 + 9   # a model cut to one layer: its layer's shapes, one of them
+    with pytest.raises(SystemExit, match="--layers: 1 to 2"):
+        shaped_gguf.main(["--shape", "tiny-256", "--layers", "3", "--out", str(tmp_path / "no.gguf")])
