@@ -67,6 +67,9 @@ def main(argv=None):
             for (got, ref) in pairs:
                 pairs[got, ref].append(compare(logp[ref], logp[got]))
     kernels = engines["one-digit"].runner.model.layers[0].qkv.kernels
+    if kernels is None:
+        print("torch's ops in force (ROSEFAST_CPU_KERNELS=torch or the pure-Python flavour): the digits are the block "
+              "kernels', so both rows are torch's numbers")
     print(f"{os.path.basename(str(model.path)) if hasattr(model, 'path') else a.model}: {len(ids)} tokens of "
           f"{os.path.basename(a.text)} in windows of {a.window}; block kernels {getattr(kernels, 'name', kernels)}")
     print("| activations | against | KL mean | KL p99 | KL max | top-1 agreement |")

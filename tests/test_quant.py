@@ -316,6 +316,8 @@ def test_a_directory_is_quantized_at_load_and_the_benchmark_runs(tiny_llama, cap
     assert "| int4 | int4 |" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(AUTO is None, reason="torch's ops in force (ROSEFAST_CPU_KERNELS=torch or the pure-Python "
+                    "flavour): the activations' digits are the block kernels'")
 def test_the_activations_benchmark_finds_one_digit_farther_from_the_unquantized_forward(default_model, capsys):
     """benches/activations.py on the real model and a real text: two digits' distributions next to the unquantized
     forward's, one digit's measurably farther (and the settings named wrong are refused)."""
