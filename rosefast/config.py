@@ -43,9 +43,9 @@ QUANTIZATION_MODES = ("auto", "none", "int8", "int4")
 SPECULATIVE_MODES = ("auto", "off", "ngram")
 # the quantized linears' kernels (rosefast.kernels.quant_ops): the best tier this CPU runs, one tier, or torch's ops
 CPU_KERNELS = ("auto", "amx", "avx512vnni", "avxvnni", "avx2", "neon", "scalar", "torch")
-# the block kernels' activations, by their int8 digits per 32 inputs: two (finer than bf16) or one
-# (llama.cpp's Q8 activations: half the integer products; docs/cpu-kernels.md measures what each costs)
-ACTIVATIONS = ("two-digit", "one-digit")
+# the block kernels' activations -> their int8 digits per 32 inputs: two (finer than bf16) or one (llama.cpp's Q8
+# activations: half the integer products; docs/cpu-kernels.md measures what each costs)
+ACTIVATIONS = {"two-digit": 2, "one-digit": 1}
 HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": "true", "yes": "true", "on": "true"}
 
 

@@ -44,7 +44,7 @@ def pick(setting="auto", activations="two-digit"):
     tier's digits (rosefast.config.ACTIVATIONS)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {activations!r}")
-    digits = {"two-digit": 2, "one-digit": 1}[activations]
+    digits = ACTIVATIONS[activations]
     if setting == "auto":
         setting = forced_cpu_kernels()
     if setting not in CPU_KERNELS:
