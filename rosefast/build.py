@@ -94,8 +94,8 @@ def fill_linears(module, model):
     tiles = cached_tiles(gguf, module.args, resolved.path)
     like = module.norm
     for sub, name in holes:
-        if name.startswith("layers."):   # layers.{i}.{qkv, o, gate_up, down}
-            _, i, part = name.split(".")
+        if name.startswith("layers."):   # layers.{i}.{qkv, o, gate_up, down, moe.experts.{e}.gate_up ...}
+            _, i, part = name.split(".", 2)
             weight = dequantize_parts(tiles[int(i)][part])
         else:   # "lm_head", or "embed": its own blocks (untied) or the head's (tied)
             weight = dequantize_parts(tiles["embed" if name == "embed" and "embed" in tiles else "head"])

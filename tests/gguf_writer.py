@@ -64,6 +64,12 @@ def _metadata(writer, args, config):
             writer.add_sliding_window_pattern(local)
     elif FAMILIES[args.family].gguf_qk_permuted:   # llama.cpp's Llama converter and those made from it
         writer.add_rope_dimension_count(args.head_dim)
+    if args.num_experts:   # as the Qwen MoE converters write them
+        writer.add_expert_count(args.num_experts)
+        writer.add_expert_used_count(args.experts_per_token)
+        writer.add_expert_feed_forward_length(args.expert_size)
+        if args.shared_expert_size:
+            writer.add_expert_shared_feed_forward_length(args.shared_expert_size)
 
 
 def _longrope_attn_factor(args, rope):
@@ -111,15 +117,28 @@ def write_gguf(path, model, kind_of):
             w = file
         if args.gemma and name.endswith("norm.weight"):   # Gemma's x * (1 + w), stored as llama.cpp's x * w
             w = w + 1
-        kind = kind_of(name) if w.dim() > 1 else T.F32
+        # llama.cpp's quantizer leaves the routers (ffn_gate_inp, ffn_gate_inp_shexp) F32
+        kind = kind_of(name) if w.dim() > 1 and "ffn_gate_inp" not in name else T.F32
         if kind in _FLOATS:
             writer.add_tensor(name, w.numpy().astype(_FLOATS[kind]))
-        else:
-            writer.add_tensor(name, quantize(w.numpy(), kind), raw_dtype=kind)
+        else:   # a 3-D tensor of experts as [E, N, bytes]
+            rows = quantize(w.reshape(-1, w.shape[-1]).numpy(), kind)
+            writer.add_tensor(name, rows.reshape(*w.shape[:-1], -1), raw_dtype=kind)
 
     for key, weight in hf.items():
         if key == "lm_head.weight" and args.tie_word_embeddings:
             continue
+        if key.endswith("mlp.experts.gate_up_proj"):   # transformers 5's fused experts [E, 2I, H]: gate, up apart
+            stem = key[:-len("gate_up_proj")]
+            gate, up = weight.chunk(2, dim=1)
+            add(f"{names.get_name(stem + 'gate_proj')}.weight", gate)
+            add(f"{names.get_name(stem + 'up_proj')}.weight", up)
+            continue
+        if key.endswith("mlp.experts.down_proj"):
+            add(f"{names.get_name(key)}.weight", weight)
+            continue
+        if key.endswith("shared_expert_gate.weight"):   # [1, H], written as a vector (llama.cpp's {n_embd})
+            weight = weight.reshape(-1)
         stem, suffix = key.rsplit(".", 1)
         add(f"{names.get_name(stem)}.{suffix}", weight)
     rope = dict(args.rope_scaling)

@@ -30,6 +30,8 @@ FAMILY_FILES = {
              "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                  "short_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0], "long_factor": [4.0] * 6}},
     "gemma3_text": {"query_pre_attn_scalar": 32},
+    # mixtures of experts (8, top-2), every layer sparse as llama.cpp has them; Qwen2-MoE's shared expert
+    "qwen3_moe": {"mlp_only_layers": []}, "qwen2_moe": {},
     # Gemma 3's own pattern (five local layers, then a global one), which llama.cpp's converter does not write
     "gemma3_text-pattern": {"query_pre_attn_scalar": 32, "num_hidden_layers": 6, "sliding_window_pattern": 6,
                             "layer_types": None},
@@ -123,6 +125,8 @@ def test_each_familys_q8_0_file_is_served_from_its_blocks_near_hugging_faces_num
     engine = LLMEngine(model=resolve_model(str(path)), dtype="float32", kv_cache_tokens=1024, quantization="auto")
     served = engine.runner.model
     assert isinstance(served.layers[0].o, Int8Linear) and isinstance(served.lm_head, Int8Linear)
+    if served.args.num_experts:   # every expert's linears from the file's 3-D tensors
+        assert all(isinstance(x, Int8Linear) for e in served.layers[-1].moe.experts for x in (e.gate_up, e.down))
     ids = load_tokenizer(model)(TEXT).input_ids
     scored = engine.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
     ours = torch.tensor([lp for lp, _ in scored["prompt_logprobs"][1:]])
@@ -130,7 +134,7 @@ def test_each_familys_q8_0_file_is_served_from_its_blocks_near_hugging_faces_num
     assert abs((ours - want).mean()) < 0.03 and (ours - want).abs().max() < 0.3
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma3_text"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma3_text", "qwen2_moe"])
 def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as_transformers_reads_it(
         family, tmp_path):
     """A file whose layer linears are all in block formats (a mix here) converts to everything but them — they are
@@ -161,9 +165,11 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
     # its Q8_0 blocks too: the head's (a tied embedding's) and an untied embedding's own
     whole = ["model.embed_tokens.weight"] + ([] if args.tie_word_embeddings else ["lm_head.weight"])
     assert all(k in left for k in whole) and not any(k in read_hf_state_dict(converted.path) for k in whole)
-    per_layer = 4 if family == "phi3" else 7
+    # q, k, v, o; gate, up, down, or the experts' gate|up and down (and a shared expert's gate, up, down)
+    per_layer = 4 if family == "phi3" else 6 + 3 * bool(args.shared_expert_size) if args.num_experts else 7
     assert len(left) == per_layer * args.num_layers + len(whole)
-    assert all(k.endswith("_proj.weight") for k in left if k not in whole)
+    assert all(k.endswith(("_proj.weight", "experts.gate_up_proj", "experts.down_proj")) for k in left
+               if k not in whole)
     ours = load_model(converted)[0].state_dict()
     theirs = llama_state_dict(hf_model_from_gguf(path).state_dict(), args)
     assert sorted(ours) == sorted(theirs)
@@ -174,16 +180,17 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
     assert lean.embed.weight.is_meta and (args.tie_word_embeddings or lean.lm_head.weight.is_meta)
 
 
-def test_a_qwen3_gguf_is_served_over_http_as_hugging_face_generates(tmp_path):
-    """The most downloaded family from a file, through a real gunicorn (the file converted here first, the
-    server finding it in the cache by the file): its greedy completion is Hugging Face's own greedy generation
-    on the directory it was written from."""
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+def test_a_qwen3_gguf_is_served_over_http_as_hugging_face_generates(tmp_path, family):
+    """The most downloaded families from a file (dense, and a mixture of experts), through a real gunicorn (the
+    file converted here first, the server finding it in the cache by the file): its greedy completion is Hugging
+    Face's own greedy generation on the directory it was written from."""
     import requests
 
     from tests.serving import Server, tiny_env
 
-    model = tiny_random("qwen3")
-    path = tmp_path / "qwen3.f32.gguf"
+    model = tiny_random(family, **FAMILY_FILES[family])
+    path = tmp_path / f"{family}.f32.gguf"
     write_gguf(path, model, lambda name: T.F32)
     assert resolve_model(str(path)).converted
     tok = load_tokenizer(model)

@@ -42,6 +42,12 @@ TINY_VARIANTS = {
     "mistral-window-head-dim": ("mistral", {}),
     "phi3-fused": ("phi3", {}),
     "gemma3-local-global": ("gemma3_text", {}),
+    # mixtures of experts (8, top-2): renormalized, with a dense layer; a shared expert, not renormalized;
+    # Mixtral's softmax of the top k; OLMoE's q/k norms over their whole width
+    "qwen3_moe-dense-layer": ("qwen3_moe", {}),
+    "qwen2_moe-shared-expert": ("qwen2_moe", {}),
+    "mixtral-window": ("mixtral", {}),
+    "olmoe-width-qk-norm": ("olmoe", {}),
     # windows the prompts and decode steps cross (attention over each layer's last 8 positions)
     "mistral-window-binds": ("mistral", {"sliding_window": 8}),
     "phi3-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5}),

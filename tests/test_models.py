@@ -118,7 +118,7 @@ def test_file_that_is_not_a_model(tmp_path):
 def test_unsupported_architecture_lists_the_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ModelError, match=r"Unsupported architecture 'bert'.*supported: llama, qwen2, qwen3, mistral, phi3, gemma3_text, gpt2"):
+    with pytest.raises(ModelError, match=r"Unsupported architecture 'bert'.*supported: llama, qwen2, qwen3, mistral, phi3, gemma3_text, gpt2, smollm3, qwen3_moe, qwen2_moe, mixtral, olmoe"):
         resolve_model(str(tmp_path))
     with pytest.raises(ModelError, match="Unsupported architecture 'mamba'"):
         tiny_random("mamba")
@@ -129,7 +129,8 @@ def test_hf_directory_resolves_to_itself(tiny_llama):
     assert r.path == tiny_llama.path and r.source == "directory" and not r.converted
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "qwen3_moe",
+                                  "qwen2_moe", "mixtral", "olmoe"])
 def test_tiny_random_uses_real_tokenizer_and_runs(arch, default_model):
     tiny = tiny_random(arch)
     assert tiny.model_type == arch
@@ -154,7 +155,7 @@ def test_tiny_random_is_deterministic_by_seed(tmp_path, default_model):
     assert not torch.equal(a["model.layers.0.mlp.up_proj.weight"], c["model.layers.0.mlp.up_proj.weight"])
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral", "phi3", "gemma3_text"])
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "phi3", "gemma3_text", "olmoe"])
 def test_a_family_directory_is_served_over_http_as_hugging_face_generates(default_model, family):
     """A model directory of each newer family through a real gunicorn: its greedy completion is Hugging Face's
     own greedy generation, token for token."""

@@ -35,6 +35,17 @@ class ModelArgs:
     attention_scale: float = 0.0 # 0: head_dim ** -0.5
     local_layers: tuple = ()     # Gemma: the layers on the sliding window, with their own RoPE (local_rope)
     local_rope: tuple = ()       # (theta, scaling) of the local layers' RoPE
+    qk_norm_full: bool = False   # OLMoE: q and k RMS-normalized over their whole width (not per head) before RoPE
+    # a mixture of experts (rosefast.models.moe): 0 experts is a dense model
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_size: int = 0         # an expert's intermediate width
+    norm_topk_prob: bool = True  # the top k's weights renormalized to sum 1
+    shared_expert_size: int = 0  # a shared expert over every row, under a sigmoid gate (0: none)
+    dense_layers: tuple = ()     # layers of a mixture-of-experts model with a dense MLP (intermediate_size)
+
+    def is_moe_layer(self, i):
+        return self.num_experts > 0 and i not in self.dense_layers
 
     @property
     def q_size(self):
@@ -85,7 +96,8 @@ def model_args_from_config(config):
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=attention_bias if family.qkv_bias is None else family.qkv_bias,
         o_bias=attention_bias if family.o_bias is None else family.o_bias,
-        mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=family.qk_norm, rope_theta=theta, rope_scaling=scaling,
+        mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=family.qk_norm, qk_norm_full=family.qk_norm_full,
+        rope_theta=theta, rope_scaling=scaling,
         eos_token_ids=_eos(config), family=model_type, sliding_window=int(config.get("sliding_window") or 0)
         if config.get("use_sliding_window", True) else 0, gemma=family.gemma, **extra,
     )

@@ -13,6 +13,7 @@ class Family:
     qkv_bias: object = None  # True/False: fixed for the family; None: the config's attention_bias
     o_bias: bool = None      # None: the config's attention_bias
     qk_norm: bool = False    # a per-head RMSNorm of q and k (over head_dim) before RoPE
+    qk_norm_full: bool = False   # an RMSNorm of all of q and all of k (OLMoE) before RoPE
     fused_weights: bool = False   # its checkpoints store q|k|v and gate|up fused (qkv_proj, gate_up_proj)
     gemma: bool = False      # Gemma's layer: RMSNorm as x * (1 + w), four norms a layer (around attention and
                              # the MLP), embeddings x sqrt(hidden), tanh-GELU, attention scale from

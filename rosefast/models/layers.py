@@ -15,7 +15,23 @@ def embedding(rows, width):
     return torch.nn.Embedding(rows, width, _weight=torch.empty(rows, width))
 
 
-LINEARS = ("qkv", "o", "gate_up", "down")   # a layer's linears (fused q|k|v and gate|up), by their names
+LINEARS = ("qkv", "o", "gate_up", "down")   # a dense layer's linears (fused q|k|v and gate|up), by their names
+
+
+def layer_linears(args, i):
+    """The paths (within layer i) of the linears the block kernels may run: a dense layer's LINEARS, or q|k|v, o
+    and each expert's of a mixture-of-experts layer (rosefast.models.moe)."""
+    if not args.is_moe_layer(i):
+        return LINEARS
+    from rosefast.models.moe import expert_linears
+
+    return ("qkv", "o", *expert_linears(args))
+
+
+def put_linear(layer, path, module):
+    """Set the linear at `path` within `layer` (a dotted path: "qkv", "moe.experts.3.down") to `module`."""
+    parent, _, leaf = path.rpartition(".")
+    setattr(layer.get_submodule(parent) if parent else layer, leaf, module)
 
 
 @dataclass

@@ -9,23 +9,31 @@ from torch import nn
 from rosefast.kernels import decode_layer, layer_ops
 from rosefast.models.registry import FAMILIES
 from rosefast.models.layers import attention, embedding, rope_cache
+from rosefast.models.moe import MoE, moe_state_dict
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, args, window=0):
-        """window: attention over the last `window` positions (a sliding window; 0: all)."""
+    def __init__(self, args, window=0, moe=False):
+        """window: attention over the last `window` positions (a sliding window; 0: all); moe: a mixture of experts
+        (rosefast.models.moe) in place of the dense MLP."""
         super().__init__()
         self.args, self.window = args, window
         self.input_norm = nn.Parameter(torch.ones(args.hidden_size))
         self.qkv = nn.Linear(args.hidden_size, args.q_size + 2 * args.kv_size, bias=args.qkv_bias)  # fused q|k|v
         self.o = nn.Linear(args.q_size, args.hidden_size, bias=args.o_bias)
         self.post_norm = nn.Parameter(torch.ones(args.hidden_size))
-        self.gate_up = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)   # fused gate|up
-        self.down = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
+        if moe:
+            self.moe = MoE(args)
+        else:
+            self.gate_up = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)   # gate|up
+            self.down = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.scale = args.attention_scale or args.head_dim ** -0.5
         if args.qk_norm:   # Qwen3, Gemma 3: RMSNorm over each head of q and k, before RoPE
             self.q_norm = nn.Parameter(torch.ones(args.head_dim))
             self.k_norm = nn.Parameter(torch.ones(args.head_dim))
+        if args.qk_norm_full:   # OLMoE: RMSNorm over all of q and all of k (names the decode plan refuses)
+            self.q_width_norm = nn.Parameter(torch.ones(args.q_size))
+            self.k_width_norm = nn.Parameter(torch.ones(args.kv_size))
         if args.gemma:     # Gemma: the attention's and the MLP's outputs normed too, before the residual add
             self.post_attn_norm = nn.Parameter(torch.ones(args.hidden_size))
             self.post_mlp_norm = nn.Parameter(torch.ones(args.hidden_size))
@@ -40,6 +48,10 @@ class LlamaLayer(nn.Module):
         qkv = self.qkv.forward(h)                                                      # [T, (H+2Hkv)*D]
         if a.qk_norm:
             _norm_heads(qkv, a.num_heads, a.num_kv_heads, self.q_norm, self.k_norm, a.norm_eps, ops)
+        if a.qk_norm_full:
+            for part, weight in ((qkv[:, :a.q_size], self.q_width_norm),
+                                 (qkv[:, a.q_size:a.q_size + a.kv_size], self.k_width_norm)):
+                part.copy_(ops.rms_norm(part.contiguous(), weight, a.norm_eps))
         ops.store_kv(qkv, a.num_heads, a.num_kv_heads, meta.slot_mapping, k_cache, v_cache, cos, sin)
         attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops, self.window)
         if a.gemma:   # post_norm is Gemma's pre-feedforward norm; the MLP is tanh-GELU gated
@@ -48,6 +60,8 @@ class LlamaLayer(nn.Module):
             mlp = self.down.forward(ops.gelu_tanh_mul(self.gate_up.forward(h)))
             return x, ops.rms_norm(mlp, self.post_mlp_norm, a.norm_eps)
         h = ops.rms_norm(x, self.post_norm, a.norm_eps, self.o.forward(attn))
+        if hasattr(self, "moe"):
+            return x, self.moe(h, ops)
         return x, self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
 
 
@@ -64,7 +78,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.args = args
         self.embed = embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(args, args.layer_window(i)) for i in range(args.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(args, args.layer_window(i), args.is_moe_layer(i))
+                                    for i in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         # [P, D] tables for every position the model knows; not weights (no state-dict entry). Computed on
@@ -84,7 +99,7 @@ class LlamaModel(nn.Module):
         linears on the block kernels, on the CPU, and nothing the plan does not implement). Returns None when
         they do, else why not (the plan refuses a layer part it does not know by its name, never skips it)."""
         impl = decode_layer.impl
-        unknown = decode_layer.unplanned(self.layers[0])
+        unknown = sorted({part for layer in self.layers for part in decode_layer.unplanned(layer)})
         if unknown:
             self.decode_plans = None
             return f"the one-call plan does not implement this layer's {', '.join(unknown)}"
@@ -174,6 +189,12 @@ def llama_state_dict(hf, args):
         if args.qk_norm:
             out[o + "q_norm"] = norm(hf[p + "self_attn.q_norm.weight"])
             out[o + "k_norm"] = norm(hf[p + "self_attn.k_norm.weight"])
+        if args.qk_norm_full:
+            out[o + "q_width_norm"] = hf[p + "self_attn.q_norm.weight"]
+            out[o + "k_width_norm"] = hf[p + "self_attn.k_norm.weight"]
+        if args.is_moe_layer(i):
+            out.update({o + "moe." + k: v for k, v in moe_state_dict(hf, p + "mlp.", args).items()})
+            continue
         out[o + "gate_up.weight"] = hf[p + "mlp.gate_up_proj.weight"] if fused else \
             torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
         out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]

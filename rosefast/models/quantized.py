@@ -26,7 +26,7 @@ from torch import nn
 
 from rosefast.config import QUANTIZATION_MODES
 from rosefast.kernels import quant_ops
-from rosefast.models.layers import LINEARS
+from rosefast.models.layers import layer_linears, put_linear
 from rosefast.quant.formats import GROUP, dequantize_q8_0, quantize_int8, quantize_q4_1, quantize_q8_0
 from rosefast.models.packed import PackedLinear
 from rosefast.quant.tiles import dequantize_parts, dequantize_tiles, pack_tiles, unpack_tiles
@@ -276,19 +276,19 @@ def quantize_linears(model, mode, from_file=None, head="none", kernels="auto", a
         mode = own
     count = 0
     for i, layer in enumerate(model.layers):
-        for name in LINEARS:
-            linear = getattr(layer, name)
+        for name in layer_linears(model.args, i):
+            linear = layer.get_submodule(name)
             bias = linear.bias
             if own == mode:
-                setattr(layer, name, _from_file(from_file[i][name], bias, kernels))
+                put_linear(layer, name, _from_file(from_file[i][name], bias, kernels))
                 count += 1
                 continue
             # a weight left in the file (loader.load_model(lean=True)): the blocks dequantized, then quantized
             weight = dequantize_parts(from_file[i][name]) if linear.weight.is_meta else linear.weight
             if mode == "int4":
-                setattr(layer, name, Int4Linear(*quantize_q4_1(weight), bias, kernels))
+                put_linear(layer, name, Int4Linear(*quantize_q4_1(weight), bias, kernels))
             else:
-                setattr(layer, name, Int8Linear.from_weight(weight, bias, kernels))
+                put_linear(layer, name, Int8Linear.from_weight(weight, bias, kernels))
             count += 1
     asked, head = head, head_mode(head, mode)
     head_source = "quantized at load"

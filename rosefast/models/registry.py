@@ -9,7 +9,8 @@ tiny test model; rosefast.models.families.smollm3) and one line here; its layer'
 ModelArgs the model code keys on, never its name.
 """
 from rosefast.errors import ModelError
-from rosefast.models.families import gemma3, gpt2, llama, mistral, phi3, qwen2, qwen3, smollm3
+from rosefast.models.families import (gemma3, gpt2, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3,
+                                     qwen3_moe, smollm3)
 
 FAMILIES = {f.model_type: f for f in (
     llama.FAMILY,
@@ -20,6 +21,10 @@ FAMILIES = {f.model_type: f for f in (
     gemma3.FAMILY,
     gpt2.FAMILY,
     smollm3.FAMILY,
+    qwen3_moe.FAMILY,
+    qwen2_moe.FAMILY,
+    mixtral.FAMILY,
+    olmoe.FAMILY,
 )}
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)

@@ -58,12 +58,24 @@ def _merge(parts):
     return out
 
 
-def _linear_names(family):
-    """{our part: llama.cpp's tensor name} of a layer's linears"""
+def _linear_names(family, moe=False, shared=False):
+    """{our part: llama.cpp's tensor name} of a layer's linears; `moe`: a mixture-of-experts layer's (its experts
+    as 3-D tensors, `shared`: a shared expert's beside them)"""
     if family.fused_weights:   # Phi-3: llama.cpp keeps q|k|v fused (attn_qkv) and gate|up fused (as ffn_up)
         return {"qkv": "attn_qkv", "o": "attn_output", "gate_up": "ffn_up", "down": "ffn_down"}
-    return {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
-            "down": "ffn_down"}
+    attention = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output"}
+    if not moe:
+        return {**attention, "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+    experts = {"gate_exps": "ffn_gate_exps", "up_exps": "ffn_up_exps", "down_exps": "ffn_down_exps"}
+    if shared:
+        experts.update(gate_shexp="ffn_gate_shexp", up_shexp="ffn_up_shexp", down_shexp="ffn_down_shexp")
+    return {**attention, **experts}
+
+
+def _layer_names(tensors, family, i):
+    """Layer i's linears as _linear_names gives them, a mixture of experts where the file has experts there"""
+    moe = f"blk.{i}.ffn_gate_exps.weight" in tensors
+    return _linear_names(family, moe, moe and f"blk.{i}.ffn_gate_shexp.weight" in tensors)
 
 
 EMBEDDING = "token_embd.weight"   # the GGUF's embedding table
@@ -90,7 +102,7 @@ def block_linears(tensors, family, num_layers, tie_word_embeddings):
 def _left_in_file(tensors, family, num_layers, tie_word_embeddings, kinds):
     if family.module != "llama":
         return None
-    names = [f"blk.{i}.{name}.weight" for i in range(num_layers) for name in _linear_names(family).values()]
+    names = [f"blk.{i}.{name}.weight" for i in range(num_layers) for name in _layer_names(tensors, family, i).values()]
     if not all(n in tensors and tensors[n].tensor_type in kinds for n in names):
         return None
     head = head_name(tie_word_embeddings)
@@ -123,23 +135,31 @@ def gguf_blocks(path, args, pack=None):
     family = FAMILIES[args.family]
     if _left_in_file(tensors, family, args.num_layers, args.tie_word_embeddings, kinds) is None:
         return None
-    names = _linear_names(family)
     rows = _qkv_rows(args, family)
     layers, types, fmts = {}, {}, set()
     for i in range(args.num_layers):
         parts = {}
-        for short, name in names.items():
+        for short, name in _layer_names(tensors, family, i).items():
             t = tensors[f"blk.{i}.{name}.weight"]
-            fmt, unpack = kinds[t.tensor_type]
-            k, n = (int(x) for x in t.shape)    # GGUF lists the shape innermost first
-            part = unpack(t.data, n, k)
-            if short in rows:
-                part = tuple(x[rows[short]] for x in part)
-            parts[short] = (fmt, part)
             types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+            if short.endswith("_exps"):   # [E, N, bytes]: one part per expert
+                parts[short] = [_unpacked(t, kinds, e) for e in range(args.num_experts)]
+                continue
+            part = _unpacked(t, kinds)
+            if short in rows:
+                part = (part[0], tuple(x[rows[short]] for x in part[1]))
+            parts[short] = part
         qkv = [parts["qkv"]] if family.fused_weights else _merge([parts[x] for x in "qkv"])
-        gate_up = [parts["gate_up"]] if family.fused_weights else _merge([parts["gate"], parts["up"]])
-        layer = {"qkv": qkv, "o": [parts["o"]], "gate_up": gate_up, "down": [parts["down"]]}
+        layer = {"qkv": qkv, "o": [parts["o"]]}
+        if "gate_exps" in parts:   # a mixture of experts (rosefast.models.moe): each expert's gate|up and down
+            for e, (gate, up, down) in enumerate(zip(parts["gate_exps"], parts["up_exps"], parts["down_exps"])):
+                layer[f"moe.experts.{e}.gate_up"], layer[f"moe.experts.{e}.down"] = _merge([gate, up]), [down]
+            if "gate_shexp" in parts:
+                layer["moe.shared.gate_up"] = _merge([parts["gate_shexp"], parts["up_shexp"]])
+                layer["moe.shared.down"] = [parts["down_shexp"]]
+        else:
+            layer["gate_up"] = [parts["gate_up"]] if family.fused_weights else _merge([parts["gate"], parts["up"]])
+            layer["down"] = [parts["down"]]
         fmts.update(fmt for linear in layer.values() for fmt, _ in linear)
         layers[i] = {name: [pack(*part) for part in linear] for name, linear in layer.items()}
     layers["linears"] = fmts.pop() if len(fmts) == 1 and fmts <= {"q4_1", "q8_0"} else "blocks"
@@ -152,8 +172,8 @@ def gguf_blocks(path, args, pack=None):
     return layers
 
 
-def _unpacked(tensor, kinds):
-    """(fmt, blocks) of a whole tensor."""
+def _unpacked(tensor, kinds, expert=None):
+    """(fmt, blocks) of a whole 2-D tensor, or of one expert of a 3-D one."""
     fmt, unpack = kinds[tensor.tensor_type]
-    k, n = (int(x) for x in tensor.shape)    # GGUF lists the shape innermost first
-    return fmt, unpack(tensor.data, n, k)
+    k, n = (int(x) for x in tensor.shape[:2])    # GGUF lists the shape innermost first
+    return fmt, unpack(tensor.data if expert is None else tensor.data[expert], n, k)

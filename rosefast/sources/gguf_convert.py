@@ -130,6 +130,9 @@ def _state_without(gguf, config, skip):
     state, left = {}, {}
     parsed["tensors"] = state
     for tensor in reader.tensors:
+        if tensor.name in skip and tensor.name.endswith("_exps.weight"):   # experts [E, N, K], as transformers 5
+            _left_expert(left, tensor)                                        # holds them (models.moe)
+            continue
         if tensor.name in skip:
             if tensor.name not in names:
                 raise ModelError(f"{gguf}: transformers has no name for the tensor {tensor.name!r}")
@@ -141,6 +144,18 @@ def _state_without(gguf, config, skip):
         if result.name in names:
             state[names[result.name]] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
     return state, left
+
+
+def _left_expert(left, tensor):
+    """A layer's experts left in the file, under transformers' names and shapes: gate and up as one
+    `experts.gate_up_proj` [E, 2I, H], down as `experts.down_proj` [E, H, I]."""
+    layer, part = tensor.name.split(".")[1], tensor.name.split(".")[2]
+    shape = [int(x) for x in reversed(tensor.shape)]
+    prefix = f"model.layers.{layer}.mlp.experts."
+    if part == "ffn_down_exps":
+        left[prefix + "down_proj"] = shape
+    else:   # gate or up: each half of gate_up_proj
+        left[prefix + "gate_up_proj"] = [shape[0], 2 * shape[1], shape[2]]
 
 
 def convert_gguf(gguf, dest):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rosefast.config import process_setting
 from rosefast.errors import ModelError
+from rosefast.sources.memory import check_fits
 from rosefast.models.registry import SUPPORTED_ARCHITECTURES, check_architecture  # noqa: F401 (re-exported)
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -170,6 +171,7 @@ def resolve_model(spec=DEFAULT_MODEL):
     if path.is_dir():
         return ResolvedModel(str(spec), path, "directory", _check_directory(path))
     if path.suffix == ".gguf":
+        check_fits(path)
         cached, made = atomic_cache_entry(_cache_key(path), lambda tmp: _convert(path, tmp))
         return ResolvedModel(str(spec), cached, "gguf", _read_model_type(cached), made)
     raise ModelError(

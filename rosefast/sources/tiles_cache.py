@@ -99,7 +99,7 @@ def _load(path, args):
             if key in WHOLE:
                 layers[key] = parts
             else:
-                i, name = key.split(".")
+                i, name = key.split(".", 1)
                 layers.setdefault(int(i), {})[name] = parts
         if any(i not in layers for i in range(args.num_layers)):
             raise ValueError(f"{args.num_layers} layers expected")

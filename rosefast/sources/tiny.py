@@ -26,7 +26,8 @@ def tiny_random(arch="llama", seed=0, **overrides):
     """
     check_architecture(arch, "tiny_random(arch=...)")
     tokenizer_dir = resolve_model().path
-    key = json.dumps({"arch": arch, "seed": seed, **overrides}, sort_keys=True)
+    # the family's tiny config is part of the name: a changed one is built afresh
+    key = json.dumps({"arch": arch, "seed": seed, **overrides, "tiny": FAMILIES[arch].tiny}, sort_keys=True)
     name = f"tiny-{arch}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
     path, made = atomic_cache_entry(name, lambda tmp: build_tiny(tmp, arch, seed, overrides, tokenizer_dir))
