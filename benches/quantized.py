@@ -19,6 +19,7 @@ from rosefast.sources import resolve_model
 from rosefast.models.quantized import BlockLinear, Int4Linear, Int8Linear
 from rosefast.kernels.quant_ops import pick
 from benches.decode_step import ours_step, timed
+from rosefast.models.moe import MoE
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three laws of robotics are"]
 
@@ -34,16 +35,27 @@ def bandwidth_gb_s():
     return x.numel() * 4 / best / 1e9
 
 
+def _linear_bytes(module):
+    if isinstance(module, (Int4Linear, Int8Linear, BlockLinear)):
+        return module.nbytes()
+    if hasattr(module, "packed") and hasattr(module, "in_features"):   # a PackedLinear (bf16)
+        return module.out_features * module.in_features * 2
+    if isinstance(module, torch.nn.Linear):
+        return module.weight.numel() * module.weight.element_size()
+    return 0
+
+
 def step_bytes(model):
-    """Bytes a decode step reads at batch 1: every linear's weights and the lm_head (not the embedding table)."""
-    total = 0
+    """Bytes a decode step reads at batch 1: every linear's weights and the lm_head (not the embedding table); of a
+    mixture of experts' routed experts, the top k's (k / E of them, each expert the same size)."""
+    total, routed = 0, set()
     for module in model.modules():
-        if isinstance(module, (Int4Linear, Int8Linear, BlockLinear)):
-            total += module.nbytes()
-        elif hasattr(module, "packed") and hasattr(module, "in_features"):   # a PackedLinear (bf16)
-            total += module.out_features * module.in_features * 2
-        elif isinstance(module, torch.nn.Linear):
-            total += module.weight.numel() * module.weight.element_size()
+        if isinstance(module, MoE):
+            linears = [x for e in module.experts for x in (e.gate_up, e.down)]
+            routed.update(id(x) for x in linears)
+            total += sum(_linear_bytes(x) for x in linears) * module.top_k / module.num_experts
+        elif id(module) not in routed:
+            total += _linear_bytes(module)
     if model.lm_head is None:   # tied: the head reads the embedding
         total += model.embed.weight.numel() * model.embed.weight.element_size()
     return total

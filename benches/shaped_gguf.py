@@ -35,6 +35,13 @@ SHAPES = {   # (family, the Hugging Face config's own numbers: the vocabulary as
     "llama-3.1-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                                    num_key_value_heads=8, rope_theta=500000.0, tie_word_embeddings=False,
                                    max_position_embeddings=4096, initializer_range=0.02)),
+    # Qwen3-30B-A3B: 128 experts, top-8, each 768 wide (its dense intermediate_size unused: every layer sparse)
+    "qwen3-30b-a3b": ("qwen3_moe", dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                        mlp_only_layers=[], num_hidden_layers=48, num_attention_heads=32,
+                                        num_key_value_heads=4, head_dim=128, rope_theta=1000000.0,
+                                        tie_word_embeddings=False, max_position_embeddings=4096,
+                                        initializer_range=0.02)),
     "gemma3-1b": ("gemma3_text", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,   # 22 local
                                       num_attention_heads=4, num_key_value_heads=1, head_dim=256,   # layers on a
                                       sliding_window=512, query_pre_attn_scalar=256,   # window

@@ -22,3 +22,10 @@ cdef extern from "quant_kernels.h" nogil:
     int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
                              int x_bf16, int64_t B, int64_t K, void *y, int y_bf16, int64_t path_rows, int digits)
     int rf_quant_rows(const rf_qweights *q, const int64_t *ids, int64_t n, int64_t K, void *out, int out_bf16)
+
+
+cdef extern from "quant_experts.h" nogil:
+    int rf_quant_experts(int tier, const rf_qweights *const *gate_up, const int *gate_up_parts,
+                         const rf_qweights *const *down, const int *down_parts, int64_t E, const void *x, int bf16,
+                         int64_t T, int64_t H, int64_t I, const int64_t *order, const int64_t *counts,
+                         const void *weights, int64_t top_k, void *out, int64_t path_rows, int digits)

@@ -142,6 +142,10 @@ def build_model(spec, device, dtype, quantization="none", *, quantize_lm_head="a
         # what the blocks were not put in for: auto on a GPU, a tied embedding not looked up in the head's blocks
         fill_linears(module, resolved)
         pack_linears(module, batch_hint=batch_hint)
+        if getattr(module.args, "num_experts", 0):
+            grouped = module.plan_experts()
+            log.info("experts: %s", f"one call per layer on the block kernels ({grouped} layers)" if grouped
+                     else "per op (their linears are not on one tier of the block kernels)")
         if hasattr(module, "plan_decode_layers"):
             refused = module.plan_decode_layers()
             log.info("decode steps: %s; decode attention: %s", "one call per layer (the linears on the block "

@@ -120,3 +120,62 @@ def test_a_file_larger_than_the_memory_is_refused_naming_both_sizes(tmp_path):
         f.truncate(available_bytes() + 10**9)
     with pytest.raises(ModelError, match=r"huge.Q4_K_M.gguf' is \d+\.\d GB, more than the \d+\.\d GB of memory"):
         resolve_model(str(path))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_experts_one_call_gives_the_per_op_loops_numbers(tmp_path, default_model, dtype):
+    """A file served from its blocks (Q4_K experts, 256 wide): the routed experts in one call on the block
+    kernels (csrc/quant_experts.h) and the per-op loop over each expert give the same logits, bit for bit, over
+    a packed prefill and decode steps."""
+    from rosefast.kernels import quant_ops
+
+    if not quant_ops.impl.tiers():
+        pytest.skip("the pure-Python flavour: no compiled tier to run the one call")
+    model = tiny_random("qwen2_moe", hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
+                        shared_expert_intermediate_size=256)
+    path = tmp_path / "q4_k.gguf"
+    write_gguf(path, model, lambda name: T.Q4_K)
+    runner = runner_for(resolve_model(str(path)), quantization="auto", dtype=dtype)
+    layers = runner.model.layers
+    assert all(layer.moe.grouped is not None for layer in layers)
+    prompts = [[17, 923, 4410, 88, 1024, 3], [5000, 5001, 77, 12], [31000, 2, 9, 401, 8, 8, 15, 33]]
+    grouped = run_ours(runner, prompts, 4)
+    for layer in layers:
+        layer.moe.grouped = None
+    loop = run_ours(runner, prompts, 4)
+    for a, b in zip(grouped, loop):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+def test_the_experts_twin_computes_what_the_compiled_call_does():
+    """_quant_ops_py.experts (torch) against the compiled Tier.experts on the same tiles: the same integers, the
+    float sums in another order."""
+    from rosefast.kernels import _quant_ops_py, quant_ops
+    from tests.test_kquants import _tiles
+
+    if not quant_ops.impl.tiers():
+        pytest.skip("the pure-Python flavour")
+    gen = torch.Generator().manual_seed(3)
+    E, H, I, rows, k = 5, 256, 256, 6, 2
+    gate_up = [[_tiles(T.Q4_K, 2 * I, H, seed=e)] for e in range(E)]
+    down = [[_tiles(T.Q6_K, H, I, seed=10 + e)] for e in range(E)]
+    x = torch.randn(rows, H, generator=gen)
+    experts = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(rows)])
+    route_w = torch.rand(rows * k, generator=gen)
+    order, counts = expert_groups(experts, E)
+    tier = quant_ops.pick("auto")
+    compiled = tier.experts(x, quant_ops.impl.ExpertWeights(
+        [quant_ops.impl.Weights(p, None, H) for p in gate_up], [quant_ops.impl.Weights(p, None, I) for p in down]),
+        order, counts, route_w, k)
+    twin = _quant_ops_py.experts(x, _quant_ops_py.ExpertWeights(
+        [_quant_ops_py.Weights(p, None, H) for p in gate_up], [_quant_ops_py.Weights(p, None, I) for p in down]),
+        order, counts, route_w, k, tier.digits)
+    # the activation's exp differs in its last bits (a polynomial in C, torch's own here); the down linear's
+    # digits then may round apart: a step of the largest input's 1/508 at most
+    assert (compiled - twin).abs().max() <= 2e-3 * twin.abs().max()
+    assert (twin != 0).any(dim=1).all()
+    with pytest.raises(ValueError, match="order must be 12 contiguous"):
+        tier.experts(x, quant_ops.impl.ExpertWeights(
+            [quant_ops.impl.Weights(p, None, H) for p in gate_up], [quant_ops.impl.Weights(p, None, I) for p in down]),
+            order[:5], counts, route_w, k)

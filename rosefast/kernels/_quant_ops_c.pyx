@@ -17,8 +17,10 @@ from rosefast.config import CPU_KERNELS
 from rosefast.kernels import _quant_ops_py
 from rosefast.quant.tiles import FORMATS
 
-from quant_kernels cimport (RF_FMTS, RF_TIERS, rf_format_name, rf_qweights, rf_quant_linear_rows, rf_quant_own_rows,
-                            rf_quant_rows, rf_quant_tier_ok, rf_tier_name)
+from libc.stdlib cimport free, malloc
+
+from quant_kernels cimport (RF_FMTS, RF_TIERS, rf_format_name, rf_qweights, rf_quant_experts, rf_quant_linear_rows,
+                            rf_quant_own_rows, rf_quant_rows, rf_quant_tier_ok, rf_tier_name)
 
 cdef object F32 = torch.float32
 cdef object BF16 = torch.bfloat16
@@ -67,6 +69,41 @@ cdef class Weights:
             self.c[i].mn = <const uint8_t *>_p(t.mn)
 
 
+cdef class ExpertWeights:
+    """A mixture-of-experts layer's experts for the kernels: each one's fused gate|up and down Weights (E of each,
+    their shapes checked once), held as the kernels' pointer arrays."""
+    cdef const rf_qweights **gate_up_c
+    cdef const rf_qweights **down_c
+    cdef int *gate_up_n
+    cdef int *down_n
+    cdef readonly object gate_up, down
+    cdef readonly int64_t num_experts, hidden, width
+
+    def __init__(self, gate_up, down):
+        checked = _quant_ops_py.ExpertWeights(gate_up, down)
+        self.gate_up, self.down = checked.gate_up, checked.down
+        self.num_experts, self.hidden, self.width = checked.num_experts, checked.hidden, checked.width
+        cdef int64_t E = self.num_experts
+        self.gate_up_c = <const rf_qweights **>malloc(E * sizeof(rf_qweights *))
+        self.down_c = <const rf_qweights **>malloc(E * sizeof(rf_qweights *))
+        self.gate_up_n = <int *>malloc(E * sizeof(int))
+        self.down_n = <int *>malloc(E * sizeof(int))
+        if not (self.gate_up_c and self.down_c and self.gate_up_n and self.down_n):
+            raise MemoryError("experts: no memory for the pointer arrays")
+        cdef Weights w
+        for e in range(E):
+            w = self.gate_up[e]
+            self.gate_up_c[e], self.gate_up_n[e] = &w.c[0], w.nparts
+            w = self.down[e]
+            self.down_c[e], self.down_n[e] = &w.c[0], w.nparts
+
+    def __dealloc__(self):
+        free(self.gate_up_c)
+        free(self.down_c)
+        free(self.gate_up_n)
+        free(self.down_n)
+
+
 cdef class Tier:
     """One tier of the kernels with the activations' digits, 2 or 1 (made by `tier(name, digits)`)."""
     cdef readonly int index, digits
@@ -113,6 +150,28 @@ cdef class Tier:
         if rc != 0:
             raise ValueError(f"quantized linear: the kernels refused the weights (code {rc})")
         return y
+
+    def experts(self, x, ExpertWeights experts, order, counts, weights, int64_t top_k, int64_t path_rows=0):
+        """A mixture-of-experts layer's routed experts in one call (csrc/quant_experts.h): x [T, H] float32 or
+        bfloat16, contiguous; order [T * top_k] int64, the flattened picks sorted by expert; counts [E] int64;
+        weights [T * top_k], the picks' routing weights in x's dtype -> [T, H], each row's weighted sum."""
+        _quant_ops_py.check_experts_call(x, experts, order, counts, weights, top_k)
+        cdef int64_t T = x.shape[0], H = x.shape[1], E = experts.num_experts, I = experts.width
+        out = torch.empty((T, H), dtype=x.dtype)
+        if T == 0:
+            return out
+        cdef uintptr_t px = x.data_ptr(), po = out.data_ptr(), pord = order.data_ptr()
+        cdef uintptr_t pc = counts.data_ptr(), pw = weights.data_ptr()
+        cdef int rc, bf16 = x.dtype is BF16, index = self.index, digits = self.digits
+        with nogil:
+            rc = rf_quant_experts(index, experts.gate_up_c, experts.gate_up_n, experts.down_c, experts.down_n, E,
+                                  <const void *>px, bf16, T, H, I, <const int64_t *>pord, <const int64_t *>pc,
+                                  <const void *>pw, top_k, <void *>po, path_rows, digits)
+        if rc == -1:
+            raise MemoryError(f"experts: no memory for {T} rows' picks")
+        if rc != 0:
+            raise ValueError(f"experts: the kernels refused the call (code {rc})")
+        return out
 
 
 def rows(Weights weights, ids, dtype):

@@ -104,6 +104,57 @@ def linear(x, weights, digits=2):
     return y.to(x.dtype)
 
 
+class ExpertWeights:
+    """A mixture-of-experts layer's experts: each one's fused gate|up and down Weights, checked once (every
+    gate|up [2 I, H], every down [H, I])."""
+
+    def __init__(self, gate_up, down):
+        self.gate_up, self.down = list(gate_up), list(down)
+        if not self.gate_up or len(self.gate_up) != len(self.down):
+            raise ValueError(f"experts: as many gate|up weights as down ones, not {len(self.gate_up)} and "
+                             f"{len(self.down)}")
+        self.num_experts, self.hidden, self.width = len(self.gate_up), self.gate_up[0].in_features, \
+            self.down[0].in_features
+        for g, d in zip(self.gate_up, self.down):
+            if (g.in_features, g.out_features, d.in_features, d.out_features) != \
+                    (self.hidden, 2 * self.width, self.width, self.hidden) or g.bias is not None or d.bias is not None:
+                raise ValueError(f"experts: each gate|up must be [{2 * self.width}, {self.hidden}] and each down "
+                                 f"[{self.hidden}, {self.width}], without a bias")
+
+
+def check_experts_call(x, experts, order, counts, weights, top_k):
+    """ValueError naming what does not fit a call of experts()."""
+    if x.dtype not in (torch.float32, torch.bfloat16) or x.dim() != 2 or not x.is_contiguous() or \
+            x.shape[1] != experts.hidden:
+        raise ValueError(f"experts: x must be a contiguous [T, {experts.hidden}] float32/bfloat16 tensor, got "
+                         f"{x.dtype} {tuple(x.shape)}")
+    picks = x.shape[0] * top_k
+    for name, t, dtype, n in (("order", order, torch.int64, picks), ("counts", counts, torch.int64,
+                                                                     experts.num_experts),
+                              ("weights", weights, x.dtype, picks)):
+        if t.dtype != dtype or t.dim() != 1 or t.numel() != n or not t.is_contiguous():
+            raise ValueError(f"experts: {name} must be {n} contiguous {dtype} values, got {t.dtype} {tuple(t.shape)}")
+
+
+def experts(x, experts, order, counts, weights, top_k, digits=2):
+    """A mixture-of-experts layer's routed experts in one call, as _quant_ops_c's Tier.experts: each expert's
+    linears over its rows (linear() here), SiLU(gate) * up, each pick's output times its weight added into its row
+    in `order`, rounded to x's dtype where the per-op path rounds."""
+    check_experts_call(x, experts, order, counts, weights, top_k)
+    out = torch.zeros_like(x)
+    start = 0
+    for e, count in enumerate(counts.tolist()):
+        if count:
+            picks = order[start:start + count]
+            rows = picks // top_k
+            h = linear(x.index_select(0, rows), experts.gate_up[e], digits)
+            gate, up = h.chunk(2, dim=-1)
+            h = torch.nn.functional.silu(gate) * up   # as _layer_ops_py.silu_mul
+            out.index_add_(0, rows, linear(h, experts.down[e], digits) * weights[picks, None])
+            start += count
+    return out
+
+
 def rows(weights, ids, dtype):
     """The rows `ids` (any shape) of a one-part weight as `dtype` [*ids.shape, K]: the tiles that hold them
     dequantized, the rows picked."""

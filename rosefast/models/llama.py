@@ -94,6 +94,11 @@ class LlamaModel(nn.Module):
             self.register_buffer("local_sin", sin, persistent=False)
         self.decode_plans = None   # one call per layer for decode steps (plan_decode_layers)
 
+    def plan_experts(self):
+        """Each mixture-of-experts layer's routed experts in one call where they run on the block kernels
+        (moe.MoE.plan). Returns how many layers do."""
+        return sum(layer.moe.plan() for layer in self.layers if hasattr(layer, "moe"))
+
     def plan_decode_layers(self):
         """Decode steps as one call per layer (rosefast.kernels.decode_layer) when every layer fits there (its
         linears on the block kernels, on the CPU, and nothing the plan does not implement). Returns None when

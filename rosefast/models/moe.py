@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rosefast.kernels import quant_ops
+
 
 class Expert(nn.Module):
     """One expert's SwiGLU MLP: fused gate|up, then down."""
@@ -56,12 +58,40 @@ class MoE(nn.Module):
         if args.shared_expert_size:   # Qwen2-MoE style: one more expert over every row, under a sigmoid gate
             self.shared = Expert(args.hidden_size, args.shared_expert_size)
             self.shared_gate = nn.Linear(args.hidden_size, 1, bias=False)
+        self.grouped = None   # (a block-kernel tier, its ExpertWeights): the routed experts in one call (plan)
+
+    def plan(self):
+        """The routed experts in one call (the kernels' Tier.experts, csrc/quant_experts.h: the same numbers as the
+        loop below) when every expert's linears are on one tier of the compiled block kernels; else the loop.
+        Returns whether they are."""
+        linears = [linear for e in self.experts for linear in (e.gate_up, e.down)]
+        tiers = {id(getattr(linear, "kernels", None)) for linear in linears}
+        tier = getattr(linears[0], "kernels", None)
+        if len(tiers) != 1 or not hasattr(tier, "experts") or not all(hasattr(x, "weights") for x in linears):
+            self.grouped = None
+            return False
+        weights = quant_ops.impl.ExpertWeights([e.gate_up.weights for e in self.experts],
+                                               [e.down.weights for e in self.experts])
+        self.grouped = (tier, weights)
+        return True
 
     def forward(self, h, ops):
         """h [T, hidden] -> the weighted sum of each row's experts' outputs [T, hidden] (h's dtype)."""
         weights, experts = route(self.router.forward(h), self.top_k, self.renormalize)
         weights = weights.to(h.dtype).reshape(-1)                                       # [T*k]
         order, counts = expert_groups(experts, self.num_experts)
+        if self.grouped is not None:
+            tier, grouped = self.grouped
+            out = tier.experts(h.contiguous(), grouped, order, counts, weights, self.top_k, quant_ops.step.sequences)
+        else:
+            out = self._loop(h, ops, order, counts, weights)
+        if hasattr(self, "shared"):
+            gate = torch.sigmoid(self.shared_gate.forward(h))                           # [T, 1]
+            out += gate * self.shared(h, ops)
+        return out
+
+    def _loop(self, h, ops, order, counts, weights):
+        """Each expert with picks over its rows, each output times its pick's weight added into its row."""
         rows_of = order // self.top_k                                                   # each pick's row
         out = torch.zeros_like(h)
         start = 0
@@ -72,9 +102,6 @@ class MoE(nn.Module):
                 y = self.experts[e](h.index_select(0, rows), ops)
                 out.index_add_(0, rows, y * weights[picks, None])
                 start += count
-        if hasattr(self, "shared"):
-            gate = torch.sigmoid(self.shared_gate.forward(h))                           # [T, 1]
-            out += gate * self.shared(h, ops)
         return out
 
 
