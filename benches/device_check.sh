@@ -25,6 +25,8 @@
 #           twin vs SDPA backends vs the KV-bytes floor)
 #   A3      pytest tests/test_engine.py (engine on CUDA via device=auto), only if time is left
 #   E       benches.decode_step on CUDA (ours vs Hugging Face's forward)
+#   G       pytest tests/test_moe.py + the MoE families of tests/test_model_runner.py on CUDA (device=auto):
+#           routed experts as torch's grouped matmul (bf16, sm90) against the loop and Hugging Face
 # DEVCHECK_ONLY="B F C D E" runs those stages alone (a rerun inside what is left of a lease)
 # Files in $OUT (<= 8): device_check.log, summary.txt, env.txt, tests.log, equality.json,
 #                       throughput.json, attention.json
@@ -721,6 +723,7 @@ pytest_stage "A2 tests test_model_runner (rest, on CUDA via auto)" 120 tests/tes
 run_stage "D attention microbench" 75 "$PY" "$WORK/attention.py"
 pytest_stage "A3 tests test_engine (on CUDA via auto)" 90 tests/test_engine.py
 run_stage "E decode step, ours vs HF on CUDA" 60 "$PY" -m benches.decode_step --device cuda --dtypes bfloat16 --batches 1,32,256 --contexts 1024 --steps 10
+pytest_stage "G mixtures of experts on CUDA (grouped matmul, no host sync)" 90 tests/test_moe.py tests/test_model_runner.py -k "moe or mixtral or olmoe or expert"
 
 # ------------------------------------------------------------------------------------------------
 # summary

@@ -96,61 +96,86 @@ static int rf_quant_own_rows(int tier, int x_bf16, int digits) {
     return 0;
 }
 
-/* y [B, N] (fp32 or bf16, + bias [N] fp32 when given) = x [B, K] (fp32 or bf16) W^T, W's rows given as `nparts`
- * parts one after another (N = their rows; each in its own format, tiles as above: a fused q|k|v whose q, k and v
- * are of three types), on `tier`; the activations' digits are made once for all parts. `path_rows` (0: B) is the
- * row count that picks the tier's path where it has two (the AMX tier: its VNNI kernels or the tiles): a
- * speculative step's rows computed as its sequences' decode step would compute them. `digits`: the activations'
- * digits, 2 (above) or 1 (x1 alone: llama.cpp's Q8 activations, half the integer products, off by up to sx / 2;
- * every tier computes it as its two-digit kernels would with x2 = 0, the AVX2 tier's many-row path without the
- * second digit's products). Returns -1 when there is no memory for the digits, -2 when this CPU does not run the
- * tier, -3 when the parts do not fit (a K format needs K % 256 == 0; at most RF_QPARTS parts; digits 1 or 2). */
-static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
-                                int x_bf16, int64_t B, int64_t K, void *y, int y_bf16, int64_t path_rows, int digits) {
+/* A call's plan: its parts' tiles and output columns, the tile kernel its tier and row count pick, its work units
+ * (tiles, or on the AVX-512 tier with several activation rows pairs of a part's tiles). */
+typedef struct {
+    int tier, nparts, many, digits;
+    rf_quant_tile_fn tile;
+    const rf_qweights *parts;
+    int64_t G, N, first[RF_QPARTS + 1], col[RF_QPARTS], unit_first[RF_QPARTS + 1], per[RF_QPARTS];
+} rf_qplan;
+
+/* The plan of rf_quant_linear_rows' call (its arguments, below) -> 0; 1 when the tier's own path (rf_quant_own_rows:
+ * AMX's tiles, AVX2's FMAs) takes these rows (plan->first, col and N still set for it); < 0: its error codes. */
+static int rf_quant_plan(int tier, const rf_qweights *parts, int nparts, int x_bf16, int64_t B, int64_t K,
+                         int64_t path_rows, int digits, rf_qplan *plan) {
     if (tier < 0 || tier >= RF_TIERS || !rf_quant_tier_ok(tier)) return -2;
     if (nparts < 1 || nparts > RF_QPARTS || K % RF_QG || (digits != 1 && digits != 2)) return -3;
-    int64_t G = K / RF_QG, first[RF_QPARTS + 1], col[RF_QPARTS], N = 0;
-    first[0] = 0;
+    int64_t G = K / RF_QG, N = 0;
+    plan->first[0] = 0;
     for (int p = 0; p < nparts; p++) {
         int fmt = parts[p].fmt;
         if (fmt < 0 || fmt >= RF_FMTS || parts[p].n < 0 || (rf_q_kformat(fmt) && G % 8)) return -3;
-        col[p] = N;
+        plan->col[p] = N;
         N += parts[p].n;
-        first[p + 1] = first[p] + (parts[p].n + RF_QROWS - 1) / RF_QROWS;
+        plan->first[p + 1] = plan->first[p] + (parts[p].n + RF_QROWS - 1) / RF_QROWS;
     }
+    plan->parts = parts;
+    plan->nparts = nparts;
+    plan->G = G;
+    plan->N = N;
+    plan->digits = digits;
+    plan->many = 0;
+    plan->tile = rf_quant_tile_scalar;
 #ifdef RF_X86_TIERS
     /* a tier with a path of its own (rf_quant_own_rows) takes it from its row count */
     int own = rf_quant_own_rows(tier, x_bf16, digits);
-    if (own && (path_rows > 0 ? path_rows : B) >= own)
-        return (tier == RF_TIER_AMX ? rf_quant_linear_amx : rf_quant_linear_fma)(parts, nparts, first, col, bias, x,
-                                                                                 x_bf16, B, K, y, y_bf16, N);
+    if (own && (path_rows > 0 ? path_rows : B) >= own) {
+        plan->tier = tier;
+        return 1;
+    }
     if (tier == RF_TIER_AMX) tier = RF_TIER_AVX512VNNI;   /* below its tiles: the VNNI kernels */
+    /* the AVX2 tier's tile of many rows (rf_quant_many_avx2; one digit: rf_quant_many1_avx2 at every row count),
+     * for its formats but Q8_0 */
+    if (tier == RF_TIER_AVX2 || tier == RF_TIER_AVXVNNI) {
+        plan->tile = tier == RF_TIER_AVX2 ? rf_quant_tile_avx2 : rf_quant_tile_avxvnni;
+        plan->many = tier == RF_TIER_AVX2 && (B >= RF_Q_MANY_MIN || digits == 1);
+    } else if (tier == RF_TIER_AVX512VNNI) {
+        plan->tile = rf_quant_tile_avx512;
+    }
+#else
+    (void)x_bf16;
+    (void)path_rows;
 #endif
-    rf_quant_tile_fn tile = rf_quant_tile_scalar;
+#ifdef RF_NEON_TIERS
+    if (tier == RF_TIER_NEON) plan->tile = rf_cpu_has_i8mm() ? rf_quant_tile_neon_i8mm : rf_quant_tile_neon;
+#endif
+    plan->tier = tier;
+    plan->unit_first[0] = 0;
+    for (int p = 0; p < nparts; p++) {
+        plan->per[p] = 1;
+#ifdef RF_X86_TIERS
+        if (tier == RF_TIER_AVX512VNNI && B >= 2 && parts[p].fmt != RF_FMT_Q6_K) plan->per[p] = 2;
+#endif
+        plan->unit_first[p + 1] = plan->unit_first[p] + (plan->first[p + 1] - plan->first[p] + plan->per[p] - 1) /
+                                  plan->per[p];
+    }
+    return 0;
+}
+
+/* The digits of B rows of x [B, K] into `work` (rf_quant_work_bytes(B, K) bytes, 64-byte aligned) -> acts, made
+ * as `tier`'s kernels make them (a plan's tier). */
+static void rf_quant_acts(int tier, const void *x, int x_bf16, int64_t B, int64_t K, int digits, void *work,
+                          rf_qacts *acts) {
     void (*quantize)(const void *, int, int64_t, int8_t *, int8_t *, float *, float *, int32_t *, int32_t *) =
         rf_quantize_row_c;
 #ifdef RF_X86_TIERS
-    int many = 0;   /* the AVX2 tier's tile of many rows (rf_quant_many_avx2; one digit: rf_quant_many1_avx2 at
-                     * every row count), for its formats but Q8_0 */
-    if (tier == RF_TIER_AVX2 || tier == RF_TIER_AVXVNNI) {
-        tile = tier == RF_TIER_AVX2 ? rf_quant_tile_avx2 : rf_quant_tile_avxvnni;
-        many = tier == RF_TIER_AVX2 && (B >= RF_Q_MANY_MIN || digits == 1);
-        quantize = rf_quantize_row_avx2;
-    } else if (tier == RF_TIER_AVX512VNNI) {
-        tile = rf_quant_tile_avx512;
-        quantize = rf_quantize_row_avx512;
-    }
+    if (tier == RF_TIER_AVX2 || tier == RF_TIER_AVXVNNI) quantize = rf_quantize_row_avx2;
+    else if (tier == RF_TIER_AVX512VNNI) quantize = rf_quantize_row_avx512;
+#else
+    (void)tier;
 #endif
-#ifdef RF_NEON_TIERS
-    if (tier == RF_TIER_NEON) tile = rf_cpu_has_i8mm() ? rf_quant_tile_neon_i8mm : rf_quant_tile_neon;
-#endif
-    /* the digits: on the stack for a few rows (a decode step's), else from the heap */
-    char local[16384] __attribute__((aligned(64)));
-    int64_t need = rf_quant_work_bytes(B, K);
-    void *work = need <= (int64_t)sizeof local ? (void *)local : malloc((size_t)need);
-    if (!work) return -1;
-    int64_t bytes = (B * K + 63) & ~(int64_t)63;
-    rf_qacts acts;
+    int64_t G = K / RF_QG, bytes = (B * K + 63) & ~(int64_t)63;
     int8_t *x1 = (int8_t *)work, *x2 = x1 + bytes;
     float *sx = (float *)(x2 + bytes);
     float *sumx = sx + B * G;
@@ -164,64 +189,95 @@ static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, 
             memset(ihalf + b * 2 * G + G, 0, (size_t)G * 4);
         }
     }
-    acts.x1 = x1;
-    acts.x2 = x2;
-    acts.sx = sx;
-    acts.sumx = sumx;
-    acts.isum = isum;
-    acts.ihalf = ihalf;
-    acts.K = K;
-    acts.G = G;
-    int parallel = N * K * B >= RF_Q_PARALLEL_MIN;
-    /* work units: tiles, or on the AVX-512 tier with several activation rows pairs of a part's tiles */
-    int64_t unit_first[RF_QPARTS + 1], per[RF_QPARTS];
-    unit_first[0] = 0;
-    for (int p = 0; p < nparts; p++) {
-        per[p] = 1;
+    acts->x1 = x1;
+    acts->x2 = x2;
+    acts->sx = sx;
+    acts->sumx = sumx;
+    acts->isum = isum;
+    acts->ihalf = ihalf;
+    acts->K = K;
+    acts->G = G;
+}
+
+/* The plan's work unit uu over acts' rows a0 .. a0 + B - 1 -> y's rows 0 .. B - 1 ([B, N], + bias) */
+static void rf_quant_unit(const rf_qplan *plan, const rf_qacts *acts, int64_t uu, int64_t a0, int64_t B,
+                          const float *bias, void *y, int y_bf16) {
+    int p = 0;
+    while (uu >= plan->unit_first[p + 1]) p++;
+    const rf_qweights *parts = plan->parts;
+    int64_t G = plan->G, N = plan->N, per = plan->per[p];
+    int64_t t = (uu - plan->unit_first[p]) * per, n = parts[p].n, count = plan->first[p + 1] - plan->first[p];
+    int pair = per == 2 && t + 1 < count;
+    rf_qweights tw = rf_q_tile_of(&parts[p], t, G), tw2 = pair ? rf_q_tile_of(&parts[p], t + 1, G) : tw;
 #ifdef RF_X86_TIERS
-        if (tier == RF_TIER_AVX512VNNI && B >= 2 && parts[p].fmt != RF_FMT_Q6_K) per[p] = 2;
-#endif
-        unit_first[p + 1] = unit_first[p] + (first[p + 1] - first[p] + per[p] - 1) / per[p];
-    }
-    int64_t units = unit_first[nparts];
-    #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t uu = 0; uu < units; uu++) {
-        int p = 0;
-        while (uu >= unit_first[p + 1]) p++;
-        int64_t t = (uu - unit_first[p]) * per[p], n = parts[p].n, count = first[p + 1] - first[p];
-        int pair = per[p] == 2 && t + 1 < count;
-        rf_qweights tw = rf_q_tile_of(&parts[p], t, G), tw2 = pair ? rf_q_tile_of(&parts[p], t + 1, G) : tw;
-#ifdef RF_X86_TIERS
-        if (many && parts[p].fmt != RF_FMT_Q8_0) {
-            float v[RF_Q_MANY * RF_QROWS] __attribute__((aligned(64)));
-            int64_t c0 = col[p] + t * RF_QROWS;
-            int rows = n - t * RF_QROWS < RF_QROWS ? (int)(n - t * RF_QROWS) : RF_QROWS;
-            for (int64_t b0 = 0; b0 < B; b0 += RF_Q_MANY) {
-                int nb = B - b0 < RF_Q_MANY ? (int)(B - b0) : RF_Q_MANY;
-                (digits == 1 ? rf_quant_many1_avx2 : rf_quant_many_avx2)(&tw, &acts, b0, nb, v);
-                for (int bb = 0; bb < nb; bb++)
-                    rf_q_store(y, y_bf16, (b0 + bb) * N + c0, v + bb * RF_QROWS, bias ? bias + c0 : 0, rows);
-            }
-            continue;
+    if (plan->many && parts[p].fmt != RF_FMT_Q8_0) {
+        float v[RF_Q_MANY * RF_QROWS] __attribute__((aligned(64)));
+        int64_t c0 = plan->col[p] + t * RF_QROWS;
+        int rows = n - t * RF_QROWS < RF_QROWS ? (int)(n - t * RF_QROWS) : RF_QROWS;
+        for (int64_t b0 = 0; b0 < B; b0 += RF_Q_MANY) {
+            int nb = B - b0 < RF_Q_MANY ? (int)(B - b0) : RF_Q_MANY;
+            (plan->digits == 1 ? rf_quant_many1_avx2 : rf_quant_many_avx2)(&tw, acts, a0 + b0, nb, v);
+            for (int bb = 0; bb < nb; bb++)
+                rf_q_store(y, y_bf16, (b0 + bb) * N + c0, v + bb * RF_QROWS, bias ? bias + c0 : 0, rows);
         }
+        return;
+    }
 #endif
-        for (int64_t b0 = 0; b0 < B; b0 += RF_QB) {
-            int nb = B - b0 < RF_QB ? (int)(B - b0) : RF_QB;
-            float v[2][RF_QB * RF_QROWS] __attribute__((aligned(64)));
+    for (int64_t b0 = 0; b0 < B; b0 += RF_QB) {
+        int nb = B - b0 < RF_QB ? (int)(B - b0) : RF_QB;
+        float v[2][RF_QB * RF_QROWS] __attribute__((aligned(64)));
 #ifdef RF_X86_TIERS
-            if (pair)
-                rf_quant_tile2_avx512(&tw, &tw2, &acts, b0, nb, v[0], v[1]);
-            else
+        if (pair)
+            rf_quant_tile2_avx512(&tw, &tw2, acts, a0 + b0, nb, v[0], v[1]);
+        else
 #endif
-                tile(&tw, &acts, b0, nb, v[0]);
-            for (int j = 0; j <= pair; j++) {
-                int64_t tj = t + j, c0 = col[p] + tj * RF_QROWS;
-                int rows = n - tj * RF_QROWS < RF_QROWS ? (int)(n - tj * RF_QROWS) : RF_QROWS;
-                for (int bb = 0; bb < nb; bb++)
-                    rf_q_store(y, y_bf16, (b0 + bb) * N + c0, v[j] + bb * RF_QROWS, bias ? bias + c0 : 0, rows);
-            }
+            plan->tile(&tw, acts, a0 + b0, nb, v[0]);
+        for (int j = 0; j <= pair; j++) {
+            int64_t tj = t + j, c0 = plan->col[p] + tj * RF_QROWS;
+            int rows = n - tj * RF_QROWS < RF_QROWS ? (int)(n - tj * RF_QROWS) : RF_QROWS;
+            for (int bb = 0; bb < nb; bb++)
+                rf_q_store(y, y_bf16, (b0 + bb) * N + c0, v[j] + bb * RF_QROWS, bias ? bias + c0 : 0, rows);
         }
     }
+}
+
+/* the tier's own path (rf_quant_plan's 1) */
+static int rf_quant_own(const rf_qplan *plan, const float *bias, const void *x, int x_bf16, int64_t B, int64_t K,
+                        void *y, int y_bf16) {
+#ifdef RF_X86_TIERS
+    return (plan->tier == RF_TIER_AMX ? rf_quant_linear_amx : rf_quant_linear_fma)(
+        plan->parts, plan->nparts, plan->first, plan->col, bias, x, x_bf16, B, K, y, y_bf16, plan->N);
+#else
+    (void)plan; (void)bias; (void)x; (void)x_bf16; (void)B; (void)K; (void)y; (void)y_bf16;
+    return -2;
+#endif
+}
+
+/* y [B, N] (fp32 or bf16, + bias [N] fp32 when given) = x [B, K] (fp32 or bf16) W^T, W's rows given as `nparts`
+ * parts one after another (N = their rows; each in its own format, tiles as above: a fused q|k|v whose q, k and v
+ * are of three types), on `tier`; the activations' digits are made once for all parts. `path_rows` (0: B) is the
+ * row count that picks the tier's path where it has two (the AMX tier: its VNNI kernels or the tiles): a
+ * speculative step's rows computed as its sequences' decode step would compute them. `digits`: the activations'
+ * digits, 2 (above) or 1 (x1 alone: llama.cpp's Q8 activations, half the integer products, off by up to sx / 2;
+ * every tier computes it as its two-digit kernels would with x2 = 0, the AVX2 tier's many-row path without the
+ * second digit's products). Returns -1 when there is no memory for the digits, -2 when this CPU does not run the
+ * tier, -3 when the parts do not fit (a K format needs K % 256 == 0; at most RF_QPARTS parts; digits 1 or 2). */
+static int rf_quant_linear_rows(int tier, const rf_qweights *parts, int nparts, const float *bias, const void *x,
+                                int x_bf16, int64_t B, int64_t K, void *y, int y_bf16, int64_t path_rows, int digits) {
+    rf_qplan plan;
+    int rc = rf_quant_plan(tier, parts, nparts, x_bf16, B, K, path_rows, digits, &plan);
+    if (rc < 0) return rc;
+    if (rc == 1) return rf_quant_own(&plan, bias, x, x_bf16, B, K, y, y_bf16);
+    /* the digits: on the stack for a few rows (a decode step's), else from the heap */
+    char local[16384] __attribute__((aligned(64)));
+    int64_t need = rf_quant_work_bytes(B, K);
+    void *work = need <= (int64_t)sizeof local ? (void *)local : malloc((size_t)need);
+    if (!work) return -1;
+    rf_qacts acts;
+    rf_quant_acts(plan.tier, x, x_bf16, B, K, digits, work, &acts);
+    int64_t units = plan.unit_first[nparts];
+    #pragma omp parallel for schedule(static) if (plan.N * K * B >= RF_Q_PARALLEL_MIN)
+    for (int64_t uu = 0; uu < units; uu++) rf_quant_unit(&plan, &acts, uu, 0, B, bias, y, y_bf16);
     if (work != (void *)local) free(work);
     return 0;
 }

@@ -143,9 +143,8 @@ def build_model(spec, device, dtype, quantization="none", *, quantize_lm_head="a
         fill_linears(module, resolved)
         pack_linears(module, batch_hint=batch_hint)
         if getattr(module.args, "num_experts", 0):
-            grouped = module.plan_experts()
-            log.info("experts: %s", f"one call per layer on the block kernels ({grouped} layers)" if grouped
-                     else "per op (their linears are not on one tier of the block kernels)")
+            log.info("routed experts, layers by how they run: %s (one call: the block kernels' Tier.experts; "
+                     "grouped: torch's grouped matmul; loop: one expert at a time)", module.plan_experts())
         if hasattr(module, "plan_decode_layers"):
             refused = module.plan_decode_layers()
             log.info("decode steps: %s; decode attention: %s", "one call per layer (the linears on the block "

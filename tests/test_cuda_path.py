@@ -82,6 +82,9 @@ def cuda_flavour(request, monkeypatch):
 def fake_runner(model, mode, **kw):
     module, args = load_model(model, torch.bfloat16, "cpu")
     fake_cuda.to_fake_cuda(module, mode)
+    if args.num_experts:   # as build_model plans them, on the GPU
+        with mode:
+            assert module.plan_experts() == {"grouped": args.num_layers - len(args.dense_layers)}
     kw.setdefault("kv_cache_tokens", 256)
     config = EngineConfig(model=model, dtype="bfloat16", device="cuda", max_batch_size=8, **kw)
     with mode:
@@ -128,6 +131,25 @@ def test_a_prefill_and_a_decode_step_stay_on_the_gpu_without_host_syncs(tiny_lla
         assert step.device.type == "cuda" and tuple(step.shape) == (3, runner.args.vocab_size)
         sample_until_the_host_copy(runner, step, seqs)
         assert runner.kv.data.device.type == "cuda"
+    assert watch.cpu_ops == [], f"ops computed on the CPU during the step: {sorted(set(watch.cpu_ops))}"
+
+
+def test_a_mixture_of_experts_step_stays_on_the_gpu_without_host_syncs(cuda_flavour, default_model):
+    """Routed experts on a GPU as torch's grouped matmul over their stacked weights: a packed prefill and a decode
+    step of rows that pick different experts, every op on the GPU and no host sync (the decode graphs hold it)."""
+    from rosefast.sources import tiny_random
+
+    fake_cuda.enable()
+    mode = FakeTensorMode()
+    runner = fake_runner(tiny_random("qwen2_moe"), mode)
+    assert runner.model.graph_safe
+    prompts, tables = [[1, 2, 3, 4, 5], list(range(10, 40)), [7]], [[0], [1, 2], [3]]
+    watch = OpDevices()
+    with mode, watch:
+        logits = runner.forward([SeqInput(p, 0, t) for p, t in zip(prompts, tables)], True)
+        assert logits.device.type == "cuda" and tuple(logits.shape) == (3, runner.args.vocab_size)
+        step = runner.forward([SeqInput([9], len(p), t) for p, t in zip(prompts, tables)], False)
+        assert step.device.type == "cuda" and tuple(step.shape) == (3, runner.args.vocab_size)
     assert watch.cpu_ops == [], f"ops computed on the CPU during the step: {sorted(set(watch.cpu_ops))}"
 
 

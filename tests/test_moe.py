@@ -100,6 +100,25 @@ def test_a_sequences_logits_do_not_depend_on_what_its_neighbours_route_to(defaul
     assert [int(x[-1].argmax()) for x in alone] == [int(x[-1].argmax()) for x in beside]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_grouped_matmul_gives_the_loops_logits(default_model, dtype):
+    """Dense experts (a directory in fp32 or bf16) run as torch's grouped matmul over their stacked weights; the
+    same steps one expert at a time give the same logits, to the sums' order (and greedy tokens in fp32)."""
+    runner = runner_for(tiny_random("qwen2_moe"), dtype=dtype)
+    layers = runner.model.layers
+    assert all(layer.moe.stacked is not None for layer in layers)
+    assert layers[0].moe.experts[3].down.weight.data_ptr() == layers[0].moe.stacked[1][3].data_ptr()   # a view
+    prompts = [[17, 923, 4410, 88, 1024, 3], [5000, 5001, 77, 12], [31000, 2, 9, 401, 8, 8, 15, 33]]
+    grouped = run_ours(runner, prompts, 4)
+    for layer in layers:
+        layer.moe.stacked = None
+    loop = run_ours(runner, prompts, 4, next_tokens=[[int(x[-1].argmax()) for x in g[:-1]] for g in grouped])
+    tol = 1e-5 if dtype == "float32" else 0.1
+    for a, b in zip(grouped, loop):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, atol=tol, rtol=0)
+
+
 def test_the_one_call_decode_plan_refuses_expert_layers_by_name(tmp_path, default_model):
     """A file served from its blocks: the dense layers would take the one-call plan; the expert layers are
     named as the reason they run per op."""

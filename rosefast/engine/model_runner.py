@@ -58,7 +58,7 @@ class ModelRunner:
                                               self.max_blocks_per_seq)
         self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window, counted)
         self.graphs = None
-        if self.device.type == "cuda" and config.cuda_graph and loaded is None:
+        if self.device.type == "cuda" and config.cuda_graph and loaded is None and getattr(self.model, "graph_safe", True):
             from rosefast.engine.cuda_graph import DecodeGraphs
 
             self.graphs = DecodeGraphs(self, config.max_batch_size)

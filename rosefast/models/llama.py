@@ -93,11 +93,18 @@ class LlamaModel(nn.Module):
             self.register_buffer("local_cos", cos, persistent=False)
             self.register_buffer("local_sin", sin, persistent=False)
         self.decode_plans = None   # one call per layer for decode steps (plan_decode_layers)
+        self.graph_safe = not args.num_experts   # a step without host syncs (plan_experts says for experts)
 
     def plan_experts(self):
-        """Each mixture-of-experts layer's routed experts in one call where they run on the block kernels
-        (moe.MoE.plan). Returns how many layers do."""
-        return sum(layer.moe.plan() for layer in self.layers if hasattr(layer, "moe"))
+        """How each mixture-of-experts layer's routed experts run (moe.MoE.plan), once the model is built: returns
+        {"one call" | "grouped" | "loop": layers}; the model's steps are then host-sync free unless one is "loop"."""
+        ways = {}
+        for layer in self.layers:
+            if hasattr(layer, "moe"):
+                way = layer.moe.plan()
+                ways[way] = ways.get(way, 0) + 1
+        self.graph_safe = "loop" not in ways
+        return ways
 
     def plan_decode_layers(self):
         """Decode steps as one call per layer (rosefast.kernels.decode_layer) when every layer fits there (its

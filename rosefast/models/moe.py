@@ -21,6 +21,7 @@ from rosefast.kernels import quant_ops
 
 class Expert(nn.Module):
     """One expert's SwiGLU MLP: fused gate|up, then down."""
+    stacked_linears = True   # left dense (not packed for oneDNN): MoE.plan stacks every expert's weights
 
     def __init__(self, hidden, width):
         super().__init__()
@@ -43,10 +44,24 @@ def route(logits, top_k, renormalize):
 
 def expert_groups(experts, num_experts):
     """The step's (row, slot) picks grouped by expert: (order [T*k] of the flattened picks sorted by expert, stably,
-    so each group keeps its rows ascending; counts [E] of each expert's picks)."""
+    so each group keeps its rows ascending; counts [E] of each expert's picks). No host sync (a GPU step's graph
+    holds it)."""
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    return order, torch.bincount(flat, minlength=num_experts)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    return order, counts.scatter_add_(0, flat, torch.ones_like(flat))
+
+
+def _grouped_mm_runs(device, dtype):
+    """Whether torch's grouped matmul runs here (a GPU's needs sm90 and bf16; a CPU's any float)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        x, w = torch.zeros(2, 16, dtype=dtype, device=device), torch.zeros(2, 16, 16, dtype=dtype, device=device)
+        torch._grouped_mm(x, w, offs=torch.tensor([1, 2], dtype=torch.int32, device=device))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 class MoE(nn.Module):
@@ -59,21 +74,34 @@ class MoE(nn.Module):
             self.shared = Expert(args.hidden_size, args.shared_expert_size)
             self.shared_gate = nn.Linear(args.hidden_size, 1, bias=False)
         self.grouped = None   # (a block-kernel tier, its ExpertWeights): the routed experts in one call (plan)
+        self.stacked = None   # (gate|up [E, 2I, H], down [E, H, I]): every expert's dense weights in one tensor
 
     def plan(self):
-        """The routed experts in one call (the kernels' Tier.experts, csrc/quant_experts.h: the same numbers as the
-        loop below) when every expert's linears are on one tier of the compiled block kernels; else the loop.
-        Returns whether they are."""
+        """How the routed experts run, once the model is built: in one call on the block kernels (Tier.experts,
+        csrc/quant_experts.h: the loop's numbers) when every expert's linears are on one compiled tier of them; as
+        torch's grouped matmul over their weights stacked (each expert's weight a view of the stack) when they are
+        dense and the op runs on their device — no host sync, so a GPU's decode graphs hold it; else ("loop") one
+        expert at a time. Returns which: "one call", "grouped" or "loop"."""
         linears = [linear for e in self.experts for linear in (e.gate_up, e.down)]
         tiers = {id(getattr(linear, "kernels", None)) for linear in linears}
         tier = getattr(linears[0], "kernels", None)
-        if len(tiers) != 1 or not hasattr(tier, "experts") or not all(hasattr(x, "weights") for x in linears):
-            self.grouped = None
-            return False
-        weights = quant_ops.impl.ExpertWeights([e.gate_up.weights for e in self.experts],
-                                               [e.down.weights for e in self.experts])
-        self.grouped = (tier, weights)
-        return True
+        self.grouped = self.stacked = None
+        if len(tiers) == 1 and hasattr(tier, "experts") and all(hasattr(x, "weights") for x in linears):
+            self.grouped = (tier, quant_ops.impl.ExpertWeights([e.gate_up.weights for e in self.experts],
+                                                               [e.down.weights for e in self.experts]))
+            return "one call"
+        first = linears[0].weight if type(linears[0]) is nn.Linear else None
+        if first is None or not all(type(x) is nn.Linear and x.bias is None for x in linears) or \
+                not _grouped_mm_runs(first.device, first.dtype):
+            return "loop"
+        stacks = []
+        for name in ("gate_up", "down"):
+            stack = torch.stack([getattr(e, name).weight.detach() for e in self.experts])
+            for e, expert in enumerate(self.experts):
+                getattr(expert, name).weight = nn.Parameter(stack[e], requires_grad=False)
+            stacks.append(stack)
+        self.stacked = tuple(stacks)
+        return "grouped"
 
     def forward(self, h, ops):
         """h [T, hidden] -> the weighted sum of each row's experts' outputs [T, hidden] (h's dtype)."""
@@ -83,12 +111,25 @@ class MoE(nn.Module):
         if self.grouped is not None:
             tier, grouped = self.grouped
             out = tier.experts(h.contiguous(), grouped, order, counts, weights, self.top_k, quant_ops.step.sequences)
+        elif self.stacked is not None:
+            out = self._grouped_mm(h, ops, order, counts, weights)
         else:
             out = self._loop(h, ops, order, counts, weights)
         if hasattr(self, "shared"):
             gate = torch.sigmoid(self.shared_gate.forward(h))                           # [T, 1]
             out += gate * self.shared(h, ops)
         return out
+
+    def _grouped_mm(self, h, ops, order, counts, weights):
+        """Every expert's rows in two grouped matmuls over the stacked weights; each row's k outputs, weighted,
+        summed in its picks' order (deterministic on a GPU, where index_add_ adds in any order)."""
+        gate_up, down = self.stacked
+        offsets = counts.cumsum(0).to(torch.int32)
+        rows = order // self.top_k
+        y = torch._grouped_mm(ops.silu_mul(torch._grouped_mm(h.index_select(0, rows), gate_up.transpose(1, 2),
+                                                             offs=offsets)), down.transpose(1, 2), offs=offsets)
+        picks = torch.empty_like(y).index_copy_(0, order, y)                         # [T*k, H] in (row, slot) order
+        return (picks.view(h.shape[0], self.top_k, -1) * weights.view(-1, self.top_k, 1)).sum(1)
 
     def _loop(self, h, ops, order, counts, weights):
         """Each expert with picks over its rows, each output times its pick's weight added into its row."""

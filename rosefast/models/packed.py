@@ -63,7 +63,7 @@ def pack_linears(model, batch_hint=64):
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and not getattr(parent, "stacked_linears", False):
                 setattr(parent, name, PackedLinear(child.weight, child.bias, batch_hint))
                 count += 1
     if getattr(model, "lm_head", "absent") is None:          # tied: the head reads the embedding
