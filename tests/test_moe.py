@@ -145,19 +145,19 @@ def test_a_file_larger_than_the_memory_is_refused_naming_both_sizes(tmp_path):
 def test_the_experts_one_call_gives_the_per_op_loops_numbers(tmp_path, default_model, dtype):
     """A file served from its blocks (Q4_K experts, 256 wide): the routed experts in one call on the block
     kernels (csrc/quant_experts.h) and the per-op loop over each expert give the same logits, bit for bit, over
-    a packed prefill and decode steps."""
+    a packed prefill (of 2,236 picks: two passes of whole experts) and decode steps."""
     from rosefast.kernels import quant_ops
 
     if not quant_ops.impl.tiers():
         pytest.skip("the pure-Python flavour: no compiled tier to run the one call")
     model = tiny_random("qwen2_moe", hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
-                        shared_expert_intermediate_size=256)
+                        shared_expert_intermediate_size=256, max_position_embeddings=2048)
     path = tmp_path / "q4_k.gguf"
     write_gguf(path, model, lambda name: T.Q4_K)
     runner = runner_for(resolve_model(str(path)), quantization="auto", dtype=dtype)
     layers = runner.model.layers
     assert all(layer.moe.grouped is not None for layer in layers)
-    prompts = [[17, 923, 4410, 88, 1024, 3], [5000, 5001, 77, 12], [31000, 2, 9, 401, 8, 8, 15, 33]]
+    prompts = [[17, 923, 4410, 88, 1024, 3], [5000, 5001, 77, 12], [(i * 7919) % 30000 + 5 for i in range(1100)]]
     grouped = run_ours(runner, prompts, 4)
     for layer in layers:
         layer.moe.grouped = None
