@@ -24,7 +24,7 @@ engine = LLMEngine(model=resolved, kv_cache_tokens=2048, quantization=sys.argv[2
 t3 = time.perf_counter()
 ids = engine.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
                       use_tqdm=False)[0]["token_ids"]
-size = sum(os.path.getsize(resolved.path / f) for f in os.listdir(resolved.path))
+size = sum(f.stat().st_size for f in resolved.path.rglob("*") if f.is_file())   # the tiles' directory too
 with open("/proc/self/statm") as f:   # resident pages now, serving (the peak is the load's)
     rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 print(json.dumps({"converted": resolved.converted, "import_s": t1 - t0, "resolve_s": t2 - t1, "engine_s": t3 - t2,

@@ -200,7 +200,7 @@ def test_the_tiles_of_a_mixed_file_are_kept_and_read_back_as_they_were(mixed, mo
 
     args, source = load_model_args(mixed.path), gguf_source(mixed)
     first = tiles_cache.cached_tiles(source, args, mixed.path)
-    assert (mixed.path / tiles_cache.TILES_FILE).is_file() and first["linears"] == "blocks"
+    assert (mixed.path / tiles_cache.TILES_DIR / "index.json").is_file() and first["linears"] == "blocks"
     monkeypatch.setattr(tiles_cache, "file_tiles", lambda *_: pytest.fail("the GGUF was read again"))
     again = tiles_cache.cached_tiles(source, args, mixed.path)
     assert [t.fmt for t in again[0]["qkv"]] == ["q4_k", "q6_k"] and same_tiles(first, again)

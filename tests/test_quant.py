@@ -387,8 +387,8 @@ def test_the_q4_1_tiles_are_kept_beside_the_converted_model(default_model, monke
 
     args, source, cache = load_model_args(default_model.path), gguf_source(default_model), default_model.path
     first = tiles_cache.cached_tiles(source, args, cache)
-    kept = cache / tiles_cache.TILES_FILE
-    assert kept.is_file()
+    kept = cache / tiles_cache.TILES_DIR
+    assert (kept / "index.json").is_file() and (kept / "0.safetensors").is_file()
 
     def no_reading(*_):
         raise AssertionError("the GGUF was read again")
@@ -399,7 +399,9 @@ def test_the_q4_1_tiles_are_kept_beside_the_converted_model(default_model, monke
     assert first["linears"] == "q4_1" and "head" in first
     assert same_tiles(first, again) and same_tiles(first, read(source, args))
     monkeypatch.undo()
-    kept.write_bytes(b"damaged")
+    damaged = kept / "damaged"   # (renamed over a layer's file: `first` is served from the old one's pages)
+    damaged.write_bytes(b"damaged")
+    os.replace(damaged, kept / "1.safetensors")
     assert same_tiles(first, tiles_cache.cached_tiles(source, args, cache))
     assert same_tiles(first, tiles_cache._load(kept, args))   # rewritten whole
 

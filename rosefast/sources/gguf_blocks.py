@@ -119,7 +119,7 @@ def _own_embedding(tensors, kinds, tie_word_embeddings):
     return not tie_word_embeddings and embedding is not None and embedding.tensor_type in kinds
 
 
-def gguf_blocks(path, args, pack=None):
+def gguf_blocks(path, args, pack=None, sink=None):
     """The blocks of a GGUF whose layers' linear weights are all in block formats the kernels take (Q4_0/Q4_1,
     Q5_0/Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; mixed as K-quant files mix them), as our fused q|k|v and gate|up: each a
     list of parts [(fmt, blocks)] along the rows, one per run of one format (quant_tiles' formats; q/k rows in
@@ -128,32 +128,49 @@ def gguf_blocks(path, args, pack=None):
     "embed": [(fmt, blocks)] for an untied embedding in any of them; "linears": "q4_1" or "q8_0" when every linear
     is that, else "blocks"; "types": {GGML type name: tensors}.
     None when a linear is in another type (F16, IQ, Q2_K, Q3_K ...): the model is then served as converted.
-    `pack(fmt, blocks)`, when given, replaces each part as it is read (one layer's blocks held at a time)."""
+    `pack(fmt, blocks)`, when given, replaces each part as it is read (one layer's blocks held at a time);
+    `sink(key, parts)`, when given, takes each layer's linears (key i) and each whole tensor ("head", "embed") as
+    they are made, and they are not kept (the file's pages are let go as each layer is read: nothing of a large
+    file but one layer is held)."""
     pack = pack or (lambda fmt, blocks: (fmt, blocks))
-    tensors = GGUFFile(path).tensors
+    gguf = GGUFFile(path)
+    tensors = gguf.tensors
+    layers = {}
+
+    def done(key, parts, *read):
+        if sink is None:
+            layers[key] = parts
+            return
+        sink(key, parts)
+        for t in read:
+            gguf.release(t)
     kinds = _kinds()
     family = FAMILIES[args.family]
     if _left_in_file(tensors, family, args.num_layers, args.tie_word_embeddings, kinds) is None:
         return None
     rows = _qkv_rows(args, family)
-    layers, types, fmts = {}, {}, set()
+    types, fmts = {}, set()
     for i in range(args.num_layers):
         parts = {}
+        names = [f"blk.{i}.{name}.weight" for name in _layer_names(tensors, family, i).values()]
         for short, name in _layer_names(tensors, family, i).items():
             t = tensors[f"blk.{i}.{name}.weight"]
             types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-            if short.endswith("_exps"):   # [E, N, bytes]: one part per expert
-                parts[short] = [_unpacked(t, kinds, e) for e in range(args.num_experts)]
+            if short.endswith("_exps"):   # [E, N, bytes]: unpacked one expert at a time, below
+                parts[short] = t
                 continue
             part = _unpacked(t, kinds)
             if short in rows:
                 part = (part[0], tuple(x[rows[short]] for x in part[1]))
             parts[short] = part
         qkv = [parts["qkv"]] if family.fused_weights else _merge([parts[x] for x in "qkv"])
-        layer = {"qkv": qkv, "o": [parts["o"]]}
-        if "gate_exps" in parts:   # a mixture of experts (rosefast.models.moe): each expert's gate|up and down
-            for e, (gate, up, down) in enumerate(zip(parts["gate_exps"], parts["up_exps"], parts["down_exps"])):
-                layer[f"moe.experts.{e}.gate_up"], layer[f"moe.experts.{e}.down"] = _merge([gate, up]), [down]
+        layer, packed = {"qkv": qkv, "o": [parts["o"]]}, {}
+        if "gate_exps" in parts:   # a mixture of experts (rosefast.models.moe): each expert's gate|up and down,
+            for e in range(args.num_experts):   # packed as it is unpacked (one expert's integers held at a time)
+                gate, up, down = (_unpacked(parts[x], kinds, e) for x in ("gate_exps", "up_exps", "down_exps"))
+                for name, linear in ((f"moe.experts.{e}.gate_up", _merge([gate, up])), (f"moe.experts.{e}.down", [down])):
+                    fmts.update(fmt for fmt, _ in linear)
+                    packed[name] = [pack(*part) for part in linear]
             if "gate_shexp" in parts:
                 layer["moe.shared.gate_up"] = _merge([parts["gate_shexp"], parts["up_shexp"]])
                 layer["moe.shared.down"] = [parts["down_shexp"]]
@@ -161,14 +178,15 @@ def gguf_blocks(path, args, pack=None):
             layer["gate_up"] = [parts["gate_up"]] if family.fused_weights else _merge([parts["gate"], parts["up"]])
             layer["down"] = [parts["down"]]
         fmts.update(fmt for linear in layer.values() for fmt, _ in linear)
-        layers[i] = {name: [pack(*part) for part in linear] for name, linear in layer.items()}
+        done(i, {**{name: [pack(*part) for part in linear] for name, linear in layer.items()}, **packed},
+             *(tensors[n] for n in names))
     layers["linears"] = fmts.pop() if len(fmts) == 1 and fmts <= {"q4_1", "q8_0"} else "blocks"
     layers["types"] = types
     head = tensors.get(head_name(args.tie_word_embeddings))
     if _served_head(head, kinds):
-        layers["head"] = [pack(*_unpacked(head, kinds))]
+        done("head", [pack(*_unpacked(head, kinds))], head)
     if _own_embedding(tensors, kinds, args.tie_word_embeddings):
-        layers["embed"] = [pack(*_unpacked(tensors[EMBEDDING], kinds))]
+        done("embed", [pack(*_unpacked(tensors[EMBEDDING], kinds))], tensors[EMBEDDING])
     return layers
 
 

@@ -30,6 +30,7 @@ class Tensor:
     tensor_type: object   # gguf.GGMLQuantizationType
     shape: tuple          # innermost first, as the file lists it
     data: np.ndarray
+    offset: int = 0       # where its bytes are in the file
 
 
 class GGUFFile:
@@ -109,4 +110,13 @@ class GGUFFile:
         else:
             data = np.frombuffer(self._buf, np.uint8, rows * row_bytes, offset).reshape(
                 tuple(reversed(shape[1:])) + (row_bytes,))
-        return Tensor(name, tensor_type, tuple(int(x) for x in shape), data)
+        return Tensor(name, tensor_type, tuple(int(x) for x in shape), data, offset)
+
+    def release(self, tensor):
+        """Let go of the pages of `tensor`'s bytes (read once, done with): they leave this process's resident memory
+        (the page cache keeps them; a later read faults them back in)."""
+        page = mmap.PAGESIZE
+        start = tensor.offset // page * page
+        end = tensor.offset + tensor.data.nbytes
+        if hasattr(self._map, "madvise") and end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
