@@ -4,7 +4,8 @@
  * sub-scales and mins (their whole range, the 6-bit edges included), fp32 and bf16 activations and outputs, every
  * format, 1, 6, 7 and 31 rows (the 256-bit tiles' bodies of 1-4 rows; and 77 where a tier has a path of its own: AMX's
  * passes take 64, AVX2's FMAs 4 rows), a partial tile, an all-zero block, and a linear of three parts in three
- * formats; the activations as two digits and as one (each against the scalar tier's same digits). Built by the suite natively and with an aarch64 cross compiler (run
+ * formats; the activations as two digits and as one (each against the scalar tier's same digits); a mixture of
+ * experts' one call (rf_quant_experts) against the scalar tier's. Built by the suite natively and with an aarch64 cross compiler (run
  * under qemu-user) to check the NEON tier where no ARM machine is at hand.
  *
  *     quant_tiers_check [--quick] [TIER ...]    exit 0: every tier agrees; 1: one does not; 2: a named tier does
@@ -13,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "quant_kernels.h"
+#include "quant_experts.h"   /* quant_kernels.h and a mixture of experts' one call over them */
 
 static const char *NAMES[RF_TIERS] = {"scalar", "avx2", "avxvnni", "avx512vnni", "neon", "amx"};
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -60,6 +61,90 @@ static double *sums(const rf_qweights *parts, int nparts, const void *x, int bf1
         }
     free(w);
     return y;
+}
+
+/* A mixture of experts' one call (rf_quant_experts) on tier t against the scalar tier's: 5 experts (Q4_K gate|up,
+ * Q6_K down, H = I = 256; expert 3 never picked), top-2 of T rows (7: a few rows an expert; 40: enough for a tier's
+ * own path), fp32 and bf16, two digits and one. Returns the failures; adds the cases to *cases. */
+static int check_experts(int t, int *cases, double *worst) {
+    enum { E = 5, H = 256, I = 256, TOPK = 2 };
+    int64_t G = H / RF_QG, tiles[2] = {2 * I / RF_QROWS, H / RF_QROWS};
+    int fmts[2] = {RF_FMT_Q4_K, RF_FMT_Q6_K}, failed = 0;
+    rf_qweights w[2][E];
+    const rf_qweights *pw[2][E];
+    int np[E];
+    void *owned[2 * E * 3];
+    int nowned = 0;
+    for (int l = 0; l < 2; l++)
+        for (int e = 0; e < E; e++) {
+            int fmt = fmts[l];
+            size_t wn = (size_t)(tiles[l] * G * rf_q_block_bytes(fmt)), sn = (size_t)(tiles[l] * (G / 8) * RF_QROWS);
+            size_t cn = (size_t)(tiles[l] * G * RF_QROWS * 2);
+            uint8_t *b = malloc(wn + 2 * cn);
+            uint16_t *d = malloc(sn * 4);
+            for (size_t i = 0; i < wn + 2 * cn; i++) b[i] = (uint8_t)(i >= wn && fmt != RF_FMT_Q6_K ? next32() % 64 : next32());
+            for (size_t i = 0; i < 2 * sn; i++) d[i] = half(0);
+            rf_qweights q = {fmt, tiles[l] * RF_QROWS, b, d, fmt == RF_FMT_Q4_K ? d + sn : 0, b + wn,
+                             fmt == RF_FMT_Q4_K ? b + wn + cn : 0};
+            w[l][e] = q;
+            pw[l][e] = &w[l][e];
+            np[e] = 1;
+            owned[nowned++] = b;
+            owned[nowned++] = d;
+        }
+    static const int64_t rows[2] = {7, 40};
+    for (int r = 0; r < 2; r++)
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            for (int dg = 2; dg >= 1; dg--) {
+                int64_t T = rows[r], P = T * TOPK, counts[E] = {0}, order[2 * 40];
+                float *x = malloc((size_t)(T * H) * 4), *wt = malloc((size_t)P * 4);
+                uint16_t *xb = malloc((size_t)(T * H) * 2), *wb = malloc((size_t)P * 2);
+                void *ys = malloc((size_t)(T * H) * 4), *yt = malloc((size_t)(T * H) * 4);
+                int64_t picks[2 * 40];
+                for (int64_t i = 0; i < T * H; i++) {
+                    x[i] = uniform();
+                    uint32_t u;
+                    memcpy(&u, &x[i], 4);
+                    xb[i] = (uint16_t)(u >> 16);
+                }
+                for (int64_t p = 0; p < P; p++) {   /* row p / 2's two experts: distinct, never 3 */
+                    int64_t first = (p / TOPK) % 3, e = p % TOPK ? (first + 1 + (p / TOPK) % 2) % 3 : first;
+                    picks[p] = e == 3 ? 4 : e;
+                    if (p % TOPK && picks[p] == picks[p - 1]) picks[p] = 4;
+                    counts[picks[p]]++;
+                    wt[p] = (uniform() + 1.5f) / 3;
+                    uint32_t u;
+                    memcpy(&u, &wt[p], 4);
+                    wb[p] = (uint16_t)(u >> 16);
+                }
+                for (int64_t e = 0, k = 0; e < E; e++)   /* the picks sorted by expert, stably */
+                    for (int64_t p = 0; p < P; p++)
+                        if (picks[p] == e) order[k++] = p;
+                const void *xin = bf16 ? (const void *)xb : (const void *)x, *win = bf16 ? (const void *)wb : (const void *)wt;
+                int rs = rf_quant_experts(RF_TIER_SCALAR, pw[0], np, pw[1], np, E, xin, bf16, T, H, I, order, counts, win,
+                                          TOPK, ys, 0, dg);
+                int rt = rf_quant_experts(t, pw[0], np, pw[1], np, E, xin, bf16, T, H, I, order, counts, win, TOPK, yt, 0,
+                                          dg);
+                double big = 0, diff = 0;
+                for (int64_t i = 0; i < T * H; i++) {
+                    double a = value(ys, bf16, i), v = value(yt, bf16, i);
+                    big = fabs(a) > big ? fabs(a) : big;
+                    diff = fabs(a - v) > diff ? fabs(a - v) : diff;
+                }
+                /* the activation's exp and a tier's own path (FMAs, tiles) round apart: the down linear's digits may
+                 * then part by a step of 1/254 (two digits) or 1 (one) of a block's largest input */
+                double tol = (bf16 ? 2e-2 : 1e-3) * (dg == 1 ? 8 : 1), rel = big > 0 ? diff / big : diff;
+                *worst = rel > *worst ? rel : *worst;
+                (*cases)++;
+                if (rs || rt || rel > tol || big == 0) {
+                    failed++;
+                    printf("FAILED %s: experts, T=%lld %s, %d digit%s: rc %d/%d, max error %.3g of %.3g\n", NAMES[t],
+                           (long long)T, bf16 ? "bf16" : "fp32", dg, dg == 1 ? "" : "s", rs, rt, diff, big);
+                }
+                free(x); free(wt); free(xb); free(wb); free(ys); free(yt);
+            }
+    for (int i = 0; i < nowned; i++) free(owned[i]);
+    return failed;
 }
 
 int main(int argc, char **argv) {
@@ -170,6 +255,9 @@ int main(int argc, char **argv) {
                         for (int i = 0; i < nowned; i++) free(owned[i]);
                         free(x); free(xb); free(bias); free(ys); free(yt);
                     }
+        int before = cases, wrong = check_experts(t, &cases, &worst);
+        failed += wrong;
+        passed += cases - before - wrong;
         const char *path = "";
 #ifdef RF_NEON_TIERS
         if (t == RF_TIER_NEON) path = rf_cpu_has_i8mm() ? " (smmla for row pairs)" : " (sdot)";
