@@ -32,6 +32,8 @@ FAMILY_FILES = {
     "gemma3_text": {"query_pre_attn_scalar": 32},
     # mixtures of experts (8, top-2), every layer sparse as llama.cpp has them; Qwen2-MoE's shared expert
     "qwen3_moe": {"mlp_only_layers": []}, "qwen2_moe": {},
+    # OLMoE's file (`olmoe`): shown to transformers' reader as Qwen3-MoE's, its q/k norms over their whole width
+    "olmoe": {},
     # Gemma 3's own pattern (five local layers, then a global one), which llama.cpp's converter does not write
     "gemma3_text-pattern": {"query_pre_attn_scalar": 32, "num_hidden_layers": 6, "sliding_window_pattern": 6,
                             "layer_types": None},
@@ -134,7 +136,7 @@ def test_each_familys_q8_0_file_is_served_from_its_blocks_near_hugging_faces_num
     assert abs((ours - want).mean()) < 0.03 and (ours - want).abs().max() < 0.3
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma3_text", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "gemma3_text", "qwen2_moe", "olmoe"])
 def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as_transformers_reads_it(
         family, tmp_path):
     """A file whose layer linears are all in block formats (a mix here) converts to everything but them — they are
