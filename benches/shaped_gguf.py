@@ -42,6 +42,11 @@ SHAPES = {   # (family, the Hugging Face config's own numbers: the vocabulary as
                                         num_key_value_heads=4, head_dim=128, rope_theta=1000000.0,
                                         tie_word_embeddings=False, max_position_embeddings=4096,
                                         initializer_range=0.02)),
+    # OLMoE-1B-7B: 64 experts, top-8, each 1024 wide, never renormalized; q/k norms over their whole width
+    "olmoe-1b-7b": ("olmoe", dict(hidden_size=2048, intermediate_size=1024, num_experts=64, num_experts_per_tok=8,
+                                  norm_topk_prob=False, num_hidden_layers=16, num_attention_heads=16,
+                                  num_key_value_heads=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                  tie_word_embeddings=False, max_position_embeddings=4096, initializer_range=0.02)),
     "gemma3-1b": ("gemma3_text", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,   # 22 local
                                       num_attention_heads=4, num_key_value_heads=1, head_dim=256,   # layers on a
                                       sliding_window=512, query_pre_attn_scalar=256,   # window

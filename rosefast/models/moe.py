@@ -7,13 +7,13 @@ under its sigmoid gate.
     out = moe(h, ops)                     # h [T, hidden] -> [T, hidden]
 
 The routing is Hugging Face's: softmax over all experts in fp32, the top k, renormalized to sum 1 when the config
-says so (Mixtral always), the weights cast to the hidden dtype; a row's expert outputs are summed in ascending
-expert order. An expert's linears are any of the model's linears (nn.Linear, or the block kernels' on a file's
-blocks), so a row's result does not depend on which other rows picked the same expert beyond the kernels' own
-row-count paths.
+says so (Mixtral always), the weights cast to the hidden dtype. A row's expert outputs are summed in ascending
+expert order (Hugging Face's; on the block kernels' one call and the loop), or in its picks' order (the grouped
+matmul: deterministic on a GPU). An expert's linears are any of the model's linears (nn.Linear, or the block
+kernels' on a file's blocks), so a row's result does not depend on which other rows picked the same expert beyond
+the kernels' own row-count paths.
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from rosefast.kernels import quant_ops
