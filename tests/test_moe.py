@@ -148,8 +148,8 @@ def test_the_experts_one_call_gives_the_per_op_loops_numbers(tmp_path, default_m
     a packed prefill (of 2,236 picks: two passes of whole experts) and decode steps."""
     from rosefast.kernels import quant_ops
 
-    if not quant_ops.impl.tiers():
-        pytest.skip("the pure-Python flavour: no compiled tier to run the one call")
+    if quant_ops.pick("auto") is None:
+        pytest.skip("torch's ops in force (the pure-Python flavour, or ROSEFAST_CPU_KERNELS=torch): no tier")
     model = tiny_random("qwen2_moe", hidden_size=256, intermediate_size=256, moe_intermediate_size=256,
                         shared_expert_intermediate_size=256, max_position_embeddings=2048)
     path = tmp_path / "q4_k.gguf"
@@ -173,8 +173,8 @@ def test_the_experts_twin_computes_what_the_compiled_call_does():
     from rosefast.kernels import _quant_ops_py, quant_ops
     from tests.test_kquants import _tiles
 
-    if not quant_ops.impl.tiers():
-        pytest.skip("the pure-Python flavour")
+    if quant_ops.pick("auto") is None:
+        pytest.skip("torch's ops in force (the pure-Python flavour, or ROSEFAST_CPU_KERNELS=torch): no tier")
     gen = torch.Generator().manual_seed(3)
     E, H, I, rows, k = 5, 256, 256, 6, 2
     gate_up = [[_tiles(T.Q4_K, 2 * I, H, seed=e)] for e in range(E)]
