@@ -27,6 +27,10 @@ ENGINE_LIVE = (
                                                           "such pool)", "kv_window_blocks_used"),
     (GaugeMetricFamily, "rosefast_kv_window_blocks_total", "the sliding-window layers' own KV blocks",
      "kv_window_blocks_total"),
+    (GaugeMetricFamily, "rosefast_state_slots_used", "linear-attention layers' recurrent-state slots in use (0: no "
+                                                     "such layers)", "state_slots_used"),
+    (GaugeMetricFamily, "rosefast_state_slots_total", "linear-attention layers' recurrent-state slots",
+     "state_slots_total"),
     (CounterMetricFamily, "rosefast_prefix_cache_hits", "prefix cache block hits", "prefix_cache_hits"),
     (CounterMetricFamily, "rosefast_prefix_cache_misses", "prefix cache block misses", "prefix_cache_misses"),
     (CounterMetricFamily, "rosefast_prefix_cache_evictions", "cached blocks evicted", "prefix_cache_evictions"),

@@ -36,7 +36,8 @@ def run_ours(runner, prompts, steps, next_tokens=None, shuffle_seed=None):
         pool.grow(t, len(p), bs)
         if windows:
             windows.grow(w, len(p), bs)
-    seqs = [SeqInput(list(p), 0, t, window_table=w) for p, t, w in zip(prompts, tables, wtables)]
+    # (each sequence its own state slot, where the model has linear-attention layers)
+    seqs = [SeqInput(list(p), 0, t, window_table=w, state_slot=i) for i, (p, t, w) in enumerate(zip(prompts, tables, wtables))]
     logits = runner.forward(seqs, True, all_logits=True).float()
     out, start = [], 0
     for p in prompts:
@@ -50,7 +51,8 @@ def run_ours(runner, prompts, steps, next_tokens=None, shuffle_seed=None):
             pool.grow(tables[i], len(seq_tokens), bs)
             if windows:
                 windows.grow(wtables[i], len(seq_tokens), bs)
-        seqs = [SeqInput([t[-1]], len(t) - 1, tb, window_table=w) for t, tb, w in zip(tokens, tables, wtables)]
+        seqs = [SeqInput([t[-1]], len(t) - 1, tb, window_table=w, state_slot=i)
+                for i, (t, tb, w) in enumerate(zip(tokens, tables, wtables))]
         step_logits = runner.forward(seqs, False).float()
         for i in range(len(prompts)):
             out[i].append(step_logits[i:i + 1])

@@ -153,6 +153,31 @@ def test_a_mixture_of_experts_step_stays_on_the_gpu_without_host_syncs(cuda_flav
     assert watch.cpu_ops == [], f"ops computed on the CPU during the step: {sorted(set(watch.cpu_ops))}"
 
 
+def test_a_hybrid_attention_step_stays_on_the_gpu(cuda_flavour, default_model):
+    """Gated DeltaNet layers on a GPU (torch ops; the state pools there): a packed prefill, a later chunk from its
+    slot's state, and a decode step, every op on the GPU. Such a model runs without decode graphs (its prefill loops
+    over the sequences)."""
+    from rosefast.sources import tiny_random
+
+    fake_cuda.enable()
+    mode = FakeTensorMode()
+    runner = fake_runner(tiny_random("qwen3_next"), mode)
+    assert not runner.model.graph_safe and runner.graphs is None
+    prompts, tables = [[1, 2, 3, 4, 5], list(range(10, 40)), [7]], [[0], [1, 2], [3]]
+    watch = OpDevices()
+    with mode, watch:
+        logits = runner.forward([SeqInput(p, 0, t, state_slot=i) for i, (p, t) in enumerate(zip(prompts, tables))],
+                                True)
+        assert logits.device.type == "cuda" and tuple(logits.shape) == (3, runner.args.vocab_size)
+        chunk = runner.forward([SeqInput(list(range(40, 50)), 30, [1, 2, 4], state_slot=1)], True)
+        assert chunk.device.type == "cuda"
+        step = runner.forward([SeqInput([9], len(p), t, state_slot=i) for i, (p, t) in enumerate(zip(prompts, tables))],
+                              False)
+        assert step.device.type == "cuda" and tuple(step.shape) == (3, runner.args.vocab_size)
+        assert all(pool.device.type == "cuda" for pool in runner.kv.states)
+    assert watch.cpu_ops == [], f"ops computed on the CPU during the step: {sorted(set(watch.cpu_ops))}"
+
+
 class IdsAtTheHostCopy:
     """The runner's sampler, run until its one host copy (which fake tensors cannot make: checked to be where it
     stops), then ids of 1 so that the engine can go on to its next step."""

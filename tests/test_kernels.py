@@ -45,7 +45,7 @@ def gen(seed):
 
 def pools(hkv, blocks, block_size, D, dtype, seed=0):
     """One layer's K and V pools of a real KVCache (the twin gathers into its workspace), random content."""
-    args = type("Args", (), {"num_layers": 1, "num_kv_heads": hkv, "head_dim": D})
+    args = type("Args", (), {"num_layers": 1, "num_kv_heads": hkv, "head_dim": D, "linear_layers": ()})
     kv = KVCache(args, blocks, block_size, dtype, torch.device("cpu"))
     k, v = kv.layers[0]
     k.copy_(torch.randn(k.shape, generator=gen(seed)))

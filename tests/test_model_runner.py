@@ -48,6 +48,11 @@ TINY_VARIANTS = {
     "qwen2_moe-shared-expert": ("qwen2_moe", {}),
     "mixtral-window": ("mixtral", {}),
     "olmoe-width-qk-norm": ("olmoe", {}),
+    # hybrid attention (3 Gated DeltaNet layers : 1 gated full attention, RoPE on a quarter of each head): Qwen3-Next
+    # (its interleaved projections, experts and a shared one), Qwen3.5 (dense), Qwen3.5-MoE
+    "qwen3_next-hybrid-moe": ("qwen3_next", {}),
+    "qwen3_5-hybrid-dense": ("qwen3_5_text", {}),
+    "qwen3_5_moe-hybrid": ("qwen3_5_moe_text", {}),
     # windows the prompts and decode steps cross (attention over each layer's last 8 positions)
     "mistral-window-binds": ("mistral", {"sliding_window": 8}),
     "phi3-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5}),

@@ -92,12 +92,16 @@ class BlockPool:
 
 
 class BlockManager(BlockPool):
-    def __init__(self, num_blocks, block_size, enable_prefix_cache=True, hash_fn=chain_hash, window=None):
-        """window: the sliding-window layers' blocks (a WindowBlocks), or None when the model has none."""
+    def __init__(self, num_blocks, block_size, enable_prefix_cache=True, hash_fn=chain_hash, window=None,
+                 states=None):
+        """window: the sliding-window layers' blocks (a WindowBlocks), or None when the model has none; states: the
+        linear-attention layers' state slots (a StateSlots: one a sequence, taken and given back with its blocks),
+        or None."""
         super().__init__(num_blocks, block_size)
         self.enable_prefix_cache = enable_prefix_cache
         self.hash_fn = hash_fn
         self.window = window
+        self.states = states
         self.hits = self.misses = 0
 
     # -- allocation ---------------------------------------------------------------------------------
@@ -141,6 +145,8 @@ class BlockManager(BlockPool):
         window = self.counted_window
         if window is not None and window.revived(hit[2], seq) + 1 > window.num_free_blocks:
             return False
+        if self.states is not None and not self.states.num_free:
+            return False
         return need <= self.num_free_blocks
 
     def allocate(self, seq, hit):
@@ -161,6 +167,8 @@ class BlockManager(BlockPool):
             seq.cached_prompt_tokens = min(seq.num_cached, seq.num_prompt_tokens)
         if self.window is not None:
             self.window.allocate(seq, hashes)
+        if self.states is not None:
+            self.states.take(seq)
         self.append_slot(seq)
 
     def can_append(self, seq):
@@ -214,13 +222,16 @@ class BlockManager(BlockPool):
 
     def fork(self, parent, child):
         """Give `child` the parent's computed blocks: the full ones shared (ref-counted), a trailing partial
-        one copied into a fresh block. Returns the copies to make, (source, destination) blocks of this pool
-        and of the window's (None where there is no partial block), or None when there is none; False when
-        there is no free block for it (nothing is changed then)."""
+        one copied into a fresh block (and a state slot of its own, a copy of the parent's). Returns the copies to
+        make, (source, destination) blocks of this pool and of the window's (None where there is no partial block)
+        and slots of the state pools (None without them), or None when there is none; False when there is no free
+        block or slot for it (nothing is changed then)."""
         full = parent.num_cached // self.block_size
         partial = len(parent.block_table) > full
         window = self.counted_window
         if partial and not (self.num_free_blocks and (window is None or window.num_free_blocks)):
+            return False
+        if self.states is not None and not self.states.num_free:
             return False
         for block in parent.block_table[:full]:
             self.ref_counts[block] += 1
@@ -229,11 +240,12 @@ class BlockManager(BlockPool):
         child.num_hashed_blocks = min(parent.num_hashed_blocks, full)
         child.last_hash = parent.last_hash
         window = self.window.fork(parent, child, full) if self.window is not None else None
+        state = self.states.fork(parent, child) if self.states is not None else None
         if not partial:
-            return None
+            return None if state is None else (None, window, state)
         block = self._take_free()
         child.block_table.append(block)
-        return (parent.block_table[full], block), window
+        return (parent.block_table[full], block), window, state
 
     def commit(self, seq):
         """Register the full blocks whose K/V are now computed, so later requests can reuse them (and give the
@@ -265,6 +277,8 @@ class BlockManager(BlockPool):
             self._release(block)
         if self.window is not None:
             self.window.free(seq)
+        if self.states is not None:
+            self.states.give_back(seq)
         seq.block_table = []
         seq.num_cached = 0
         seq.num_hashed_blocks = 0

@@ -10,6 +10,9 @@ batch (CUDA graphs) never writes into a real sequence's blocks.
 
 A model with sliding-window layers may keep theirs in a second, smaller pool (`window_blocks`; its tables:
 rosefast.engine.window_blocks), with a scratch block of its own.
+
+A model's linear-attention layers (rosefast.models.delta_net) keep no K/V: a recurrent state and a conv tail per
+sequence instead, in pools of `state_slots` slots and a scratch one (a sequence's slot: rosefast.engine.state_slots).
 """
 import logging
 import os
@@ -27,7 +30,38 @@ def layer_bytes_per_token(args, dtype):
 
 
 def windowed_layers(args):
-    return [i for i in range(args.num_layers) if args.layer_window(i)]
+    return [i for i in range(args.num_layers) if args.layer_window(i) and not args.is_linear_layer(i)]
+
+
+def kv_layers(args):
+    """The layers that hold K/V (every one but the linear-attention ones)."""
+    return args.num_layers - len(args.linear_layers)
+
+
+def state_bytes(args, dtype):
+    """One sequence's recurrent states (fp32) and conv tails, every linear-attention layer."""
+    from rosefast.models.delta_net import state_shapes
+
+    (recurrent, tail) = state_shapes(args)
+    one = 4 * recurrent[0] * recurrent[1] * recurrent[2] + torch.empty((), dtype=dtype).element_size() * tail[0] * tail[1]
+    return one * len(args.linear_layers)
+
+
+def plan_state_slots(config, args, dtype, device):
+    """(slots, their bytes) of the linear-attention layers' state pools: a slot for each sequence that may run
+    (max_batch_size, max_active_requests); on the CPU at most what half the KV budget holds (then the states, not
+    the blocks, bound how many run). (0, 0) for a model without such layers."""
+    if not args.linear_layers:
+        return 0, 0
+    running = min(config.max_batch_size, config.max_active_requests or config.max_batch_size)
+    one = state_bytes(args, dtype)
+    slots = running
+    if device.type != "cuda" and not config.kv_cache_tokens:
+        slots = max(1, min(running, int(available_memory() * config.kv_memory_fraction) // 2 // one))
+    log.info("recurrent states of the %d linear-attention layers: %d slots x %.1f MiB = %.1f MiB%s",
+             len(args.linear_layers), slots, one / 2**20, slots * one / 2**20,
+             f" (fewer than the {running} sequences that may run: the states bound them)" if slots < running else "")
+    return slots, slots * one
 
 
 def available_memory():
@@ -102,12 +136,13 @@ def split_budget(budget, layer_block, num_layers, windowed, window_need, most, w
     return (blocks, window_need, False) if blocks >= window_need else (whole, whole, False)
 
 
-def plan_blocks(config, args, dtype, device, profile=None, max_blocks_per_seq=1):
+def plan_blocks(config, args, dtype, device, profile=None, max_blocks_per_seq=1, reserved=0):
     """(blocks, window blocks, counted): from `kv_cache_tokens` (the blocks; the window pool its need, at most as
     many — every layer windowed: all_windowed, those tokens its memory), else on CUDA what
     gpu_memory_utilization leaves after `profile()`'s peak, on the CPU `kv_memory_fraction` of the available RAM
     (split_budget). The window pool is 0 for a model with no sliding-window layer; `counted`: the scheduler counts
-    it (WindowBlocks)."""
+    it (WindowBlocks). `reserved`: bytes of the budget taken already (the linear-attention layers' states); only
+    the layers that attend hold K/V."""
     bs, layer = config.block_size, layer_bytes_per_token(args, dtype)
     windowed = windowed_layers(args)
     # (a window wider than the context served holds that context at most)
@@ -125,8 +160,9 @@ def plan_blocks(config, args, dtype, device, profile=None, max_blocks_per_seq=1)
             budget = measure_cuda_budget(device, config.gpu_memory_utilization, profile or (lambda: None))
         else:
             budget = int(available_memory() * config.kv_memory_fraction)
-        blocks, window, counted = split_budget(budget, layer * bs, args.num_layers, len(windowed), need, most, one)
-    full = args.num_layers - len(windowed)
+        budget = max(budget - reserved, layer * bs)
+        blocks, window, counted = split_budget(budget, layer * bs, kv_layers(args), len(windowed), need, most, one)
+    full = kv_layers(args) - len(windowed)
     log.info("KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %s)", blocks, bs, blocks * bs,
              blocks * bs * layer * full / 2**20, dtype)
     if windowed:
@@ -139,15 +175,18 @@ def plan_blocks(config, args, dtype, device, profile=None, max_blocks_per_seq=1)
 
 
 class KVCache:
-    def __init__(self, args, num_blocks, block_size, dtype, device, window_blocks=0, window_counted=False):
+    def __init__(self, args, num_blocks, block_size, dtype, device, window_blocks=0, window_counted=False,
+                 state_slots=0):
         """window_blocks: the sliding-window layers' own pool (0: every layer in the one pool); window_counted:
-        smaller than every running sequence's window, so the scheduler counts it (plan_blocks)."""
+        smaller than every running sequence's window, so the scheduler counts it (plan_blocks); state_slots: the
+        linear-attention layers' state pools (plan_state_slots)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch_block = num_blocks
         self.num_kv_heads, self.head_dim = args.num_kv_heads, args.head_dim
         windowed = windowed_layers(args) if window_blocks else []
-        full = [i for i in range(args.num_layers) if i not in windowed]
+        linear = list(args.linear_layers)
+        full = [i for i in range(args.num_layers) if i not in windowed and i not in linear]
         # [layers, K|V, Hkv, blocks + scratch, block_size, D]
         self.data = torch.zeros(len(full), 2, args.num_kv_heads, num_blocks + 1, block_size, args.head_dim,
                                 dtype=dtype, device=device)
@@ -157,15 +196,35 @@ class KVCache:
                                        args.head_dim, dtype=dtype, device=device) if windowed else None
         pools = {i: (self.data[j, 0], self.data[j, 1]) for j, i in enumerate(full)}
         pools.update({i: (self.window_data[j, 0], self.window_data[j, 1]) for j, i in enumerate(windowed)})
+        self.state_slots = state_slots
+        self.states = []   # each linear-attention layer's recurrent states [slots + 1, Hv, dk, dv] and conv tails
+        if linear:
+            from rosefast.models.delta_net import state_shapes
+
+            recurrent, tail = state_shapes(args)
+            for i in linear:
+                pools[i] = (torch.zeros(state_slots + 1, *recurrent, dtype=torch.float32, device=device),
+                            torch.zeros(state_slots + 1, *tail, dtype=dtype, device=device))
+                self.states += pools[i]
         self.layers = [pools[i] for i in range(args.num_layers)]
 
     def copy_blocks(self, copies):
         """Copy one block's K and V, every layer and head (a forked sequence's partial last block): `copies`,
-        (source, destination) in this pool and in the window pool (None: none there)."""
+        (source, destination) in this pool and in the window pool (None: none there), and one slot's recurrent and
+        conv states, every linear-attention layer (None or absent: none)."""
         for data, copy in zip((self.data, self.window_data), copies):
             if copy is not None:
                 src, dst = copy
                 data[:, :, :, dst].copy_(data[:, :, :, src])
+        if len(copies) > 2 and copies[2] is not None:
+            src, dst = copies[2]
+            for pool in self.states:
+                pool[dst].copy_(pool[src])
+
+    @property
+    def scratch_state(self):
+        """The state pools' scratch slot (padding rows')."""
+        return self.state_slots
 
     @property
     def scratch_slot(self):

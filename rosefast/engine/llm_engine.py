@@ -17,6 +17,7 @@ from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence, SequenceStatus
 from rosefast.engine.speculation import Speculator
+from rosefast.engine.state_slots import StateSlots
 from rosefast.engine.stand_in import StandInRunner
 from rosefast.engine.window_blocks import WindowBlocks
 from rosefast.errors import EngineDeadError
@@ -69,8 +70,15 @@ class LLMEngine:
         kv = self.runner.kv
         window = WindowBlocks(kv.window_blocks, self.config.block_size, self.args.sliding_window,
                               kv.window_counted) if kv.window_blocks else None
-        self.block_manager = BlockManager(kv.num_blocks, self.config.block_size, self.config.enable_prefix_cache,
-                                          window=window)
+        # a model with linear attention: a state slot per sequence; no prefix-cache hit (it would skip the state's
+        # past: rosefast.engine.state_slots) and no speculation (a rejected proposal would stay in the state)
+        hybrid = bool(getattr(kv, "states", None))
+        if hybrid and (self.config.enable_prefix_cache or self.config.speculative != "off"):
+            log.info("linear-attention layers keep a recurrent state per sequence: the prefix cache and speculative "
+                     "decoding are off for this model")
+        self.block_manager = BlockManager(kv.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_cache and not hybrid, window=window,
+                                          states=StateSlots(kv.state_slots) if hybrid else None)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.seqs = {}
         self._before_step = before_step
@@ -85,7 +93,7 @@ class LLMEngine:
         self._forked = []       # the choices forked in this step (they fail with it if it fails)
         self._long_rope = long_rope_switch(self.args)   # a long-RoPE model's switch (None: another model)
         # (the stand-in gives one token a step, as its sizing promises: it never speculates)
-        self.speculator = Speculator("off" if self.model.source == STAND_IN else self.config.speculative,
+        self.speculator = Speculator("off" if self.model.source == STAND_IN or hybrid else self.config.speculative,
                                      self.config.speculative_tokens, self.config.block_size, self.config.max_batch_size)
         self.steps = 0
 
@@ -169,7 +177,9 @@ class LLMEngine:
         window = bm.window
         return {"kv_blocks_used": bm.num_used_blocks, "kv_blocks_total": bm.num_blocks,
                 "kv_window_blocks_used": window.num_used_blocks if window is not None else 0,
-                "kv_window_blocks_total": window.num_blocks if window is not None else 0, "prefix_cache_hits": bm.hits,
+                "kv_window_blocks_total": window.num_blocks if window is not None else 0,
+                "state_slots_used": 0 if bm.states is None else bm.states.num_slots - bm.states.num_free,
+                "state_slots_total": 0 if bm.states is None else bm.states.num_slots, "prefix_cache_hits": bm.hits,
                 "prefix_cache_misses": bm.misses, "prefix_cache_evictions": bm.evictions,
                 "preemptions": sched.preemptions, "steps": self.steps, "running": len(sched.running),
                 "waiting": len(sched.waiting), "sequences": len(self.seqs), "forks": self.forks,
@@ -227,7 +237,8 @@ class LLMEngine:
             for seq, n in zip(step.seqs, step.chunks):
                 self.block_manager.prepare(seq, seq.num_cached + n)
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table,
-                           seq.cache_salt is LONG_ROPE, seq.window_table) for seq, n in zip(step.seqs, step.chunks)]
+                           seq.cache_salt is LONG_ROPE, seq.window_table, seq.state_slot)
+                  for seq, n in zip(step.seqs, step.chunks)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
             else range(len(step.seqs))   # every decoding sequence samples
         full = {i for i, s in enumerate(step.seqs) if s.wants_prompt_logprobs} if step.is_prefill else None

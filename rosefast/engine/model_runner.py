@@ -10,7 +10,7 @@ import torch
 
 from rosefast.build import build_model
 from rosefast.device import resolve_device, resolve_dtype, upload, use_device
-from rosefast.engine.kv_cache import KVCache, plan_blocks
+from rosefast.engine.kv_cache import KVCache, plan_blocks, plan_state_slots
 from rosefast.engine.sampler import Sampler
 from rosefast.models.layers import AttentionMetadata, GatherWorkspace, long_rope_switch, rope_index
 
@@ -25,6 +25,7 @@ class SeqInput:
     block_table: list     # block ids holding positions [0, start + len(token_ids))
     long_rope: bool = False   # a long-RoPE sequence past the switch: its RoPE takes the long factors (rope_index)
     window_table: list = None  # the sliding-window layers' blocks, when they have a pool of their own
+    state_slot: int = None     # its linear-attention layers' state slot (None: the pools' scratch one)
 
 
 def served_context(max_model_len, args):
@@ -54,9 +55,10 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
         self.sampler = Sampler(self.args.vocab_size, self.device)
+        slots, reserved = plan_state_slots(config, self.args, self.dtype, self.device)
         blocks, window, counted = plan_blocks(config, self.args, self.dtype, self.device, self.profile,
-                                              self.max_blocks_per_seq)
-        self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window, counted)
+                                              self.max_blocks_per_seq, reserved)
+        self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window, counted, slots)
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph and loaded is None and getattr(self.model, "graph_safe", True):
             from rosefast.engine.cuda_graph import DecodeGraphs
@@ -79,7 +81,7 @@ class ModelRunner:
         CUDA their peak memory is what the KV cache leaves room for."""
         config, saved = self.config, getattr(self, "kv", None)   # None while the first plan measures
         self.kv = KVCache(self.args, 1, self.block_size, self.dtype, self.device, 1 if saved is None or
-                          saved.window_data is not None else 0)
+                          saved.window_data is not None else 0, state_slots=1)
         scratch = self.kv.scratch_block   # (the window pool's, with one block too, is the same number)
         try:
             with torch.inference_mode():
@@ -148,12 +150,19 @@ class ModelRunner:
         if windows:
             meta.window = AttentionMetadata(True, flat[end:end + T], flat[end + T:].view(B, width), query_lens,
                                             context_lens)
+        if self.kv.states:
+            meta.state_slots = [self._state_slot(s) for s in seqs]
+            meta.state_fresh = [s.start == 0 for s in seqs]
         return flat[:T], flat[T:2 * T], meta, (flat[3 * T:3 * T + R] if R else None)
+
+    def _state_slot(self, seq):
+        return self.kv.scratch_state if seq.state_slot is None else seq.state_slot
 
     def decode_values(self, seqs, width, size=None):
         """A decode step's integers as one flat list: input ids, positions, slots and context lengths, each
         padded to `size` rows (padding: token 0 at position 0 writing the scratch slot, context 1), then
-        the sequences' block tables at `width` (then, with a window pool, its slots padded and its tables)."""
+        the sequences' block tables at `width` (then, with a window pool, its slots padded and its tables; then, with
+        state pools, the state slots, padded with the scratch one)."""
         pad = (size or len(seqs)) - len(seqs)
         positions = [s.start for s in seqs]
         bs = self.block_size
@@ -168,25 +177,34 @@ class ModelRunner:
             values += [w[p // bs] * bs + p % bs for w, p in zip(windows, positions)]
             values += [self.kv.window_scratch_slot] * pad
             values += self._tables(windows, width, self.kv.window_blocks)
+        if self.kv.states:
+            values += [self._state_slot(s) for s in seqs] + [self.kv.scratch_state] * pad
         return values
 
     def decode_tensors(self, seqs, width):
-        """(input ids, positions, slots, block tables [B, width], context lengths, and the window pool's (slots,
-        tables) or None) on the device."""
+        """(input ids, positions, slots, block tables [B, width], context lengths, the window pool's (slots, tables)
+        or None, the state slots [B] or None) on the device."""
         b = len(seqs)
         flat = upload(self.decode_values(seqs, width), torch.long, self.device)
         end = 4 * b + b * width
-        window = (flat[end:end + b], flat[end + b:].view(b, width)) if flat.numel() > end else None
-        return flat[:b], flat[b:2 * b], flat[2 * b:3 * b], flat[4 * b:end].view(b, width), flat[3 * b:4 * b], window
+        window = states = None
+        if self.kv.window_data is not None:
+            window = (flat[end:end + b], flat[end + b:end + b + b * width].view(b, width))
+            end += b + b * width
+        if self.kv.states:
+            states = flat[end:end + b]
+        return (flat[:b], flat[b:2 * b], flat[2 * b:3 * b], flat[4 * b:4 * b + b * width].view(b, width),
+                flat[3 * b:4 * b], window, states)
 
     # -- forward -----------------------------------------------------------------------------------
 
     def decode_forward(self, input_ids, positions, slot_mapping, block_tables, context_lens, window=None,
-                       workspace=None):
+                       states=None, workspace=None):
         """Hidden states [B, hidden] for one decode step; everything it does is capturable in a CUDA graph
         (the graphs pass no workspace: their gather buffers come from the graph's own pool). window: the window
-        pool's (slots, tables), when it has one."""
-        meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens=context_lens, workspace=workspace)
+        pool's (slots, tables), when it has one; states: the rows' state slots, when the model has state pools."""
+        meta = AttentionMetadata(False, slot_mapping, block_tables, context_lens=context_lens, workspace=workspace,
+                                 state_slots=states)
         if window is not None:
             meta.window = AttentionMetadata(False, *window, context_lens=context_lens, workspace=workspace)
         return self.model(input_ids, positions, meta, self.kv.layers)

@@ -10,7 +10,7 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
-                 "window_table", "num_cached", "num_hashed_blocks", "last_hash", "finish_reason", "stop_ids",
+                 "window_table", "state_slot", "num_cached", "num_hashed_blocks", "last_hash", "finish_reason", "stop_ids",
                  "scheduled_at", "seed", "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens",
                  "cache_salt", "speculation")
 
@@ -22,6 +22,7 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.block_table = []
         self.window_table = []       # the sliding-window layers' blocks, when they have a pool (window_blocks)
+        self.state_slot = None       # its recurrent state's slot, in a model with linear attention (state_slots)
         self.num_cached = 0          # tokens whose K/V are in the cache (prefix hits included)
         self.num_hashed_blocks = 0   # leading full blocks registered in the prefix cache
         self.last_hash = None        # the chain hash of the last of them (the next block's chain goes on from it)

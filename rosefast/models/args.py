@@ -43,9 +43,21 @@ class ModelArgs:
     norm_topk_prob: bool = True  # the top k's weights renormalized to sum 1
     shared_expert_size: int = 0  # a shared expert over every row, under a sigmoid gate (0: none)
     dense_layers: tuple = ()     # layers of a mixture-of-experts model with a dense MLP (intermediate_size)
+    # hybrid attention (rosefast.models.delta_net): Gated DeltaNet layers beside full-attention ones
+    linear_layers: tuple = ()    # the layers whose token mixer is a Gated DeltaNet (no KV cache: a state per sequence)
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_dim: int = 0
+    linear_v_dim: int = 0
+    linear_conv: int = 0         # the causal conv's kernel width
+    attn_gate: bool = False      # full attention's output times sigmoid of a gate projection (Qwen3-Next)
+    norm_offset: bool = False    # RMSNorm weights stored as offsets from one: x * (1 + w) (Qwen3-Next, Gemma)
 
     def is_moe_layer(self, i):
         return self.num_experts > 0 and i not in self.dense_layers
+
+    def is_linear_layer(self, i):
+        return i in self.linear_layers
 
     @property
     def q_size(self):

@@ -19,13 +19,18 @@ LINEARS = ("qkv", "o", "gate_up", "down")   # a dense layer's linears (fused q|k
 
 
 def layer_linears(args, i):
-    """The paths (within layer i) of the linears the block kernels may run: a dense layer's LINEARS, or q|k|v, o
-    and each expert's of a mixture-of-experts layer (rosefast.models.moe)."""
+    """The paths (within layer i) of the linears the block kernels may run: its token mixer's (q|k|v and o, and a
+    gated attention's gate; a Gated DeltaNet's q|k|v|z and output projections: rosefast.models.delta_net), then its
+    MLP's (gate|up and down) or each expert's of a mixture of experts (rosefast.models.moe)."""
+    if args.is_linear_layer(i):
+        mixer = ("linear_attn.qkvz", "linear_attn.out")   # (its b|a rows, 2 per v head, stay dense)
+    else:
+        mixer = ("qkv", "o", "attn_gate") if args.attn_gate else ("qkv", "o")
     if not args.is_moe_layer(i):
-        return LINEARS
+        return (*mixer, "gate_up", "down")
     from rosefast.models.moe import expert_linears
 
-    return ("qkv", "o", *expert_linears(args))
+    return (*mixer, *expert_linears(args))
 
 
 def put_linear(layer, path, module):
@@ -48,6 +53,8 @@ class AttentionMetadata:
     plan: object = None                 # a kernel flavour's own per-step tensors (built by the first layer)
     window_masks: dict = None           # decode, torch twin: a sliding window's mask by its width (built once a step)
     window: object = None               # the sliding-window layers' own (their pool's slots and tables), if they have one
+    state_slots: object = None          # linear attention: each sequence's state slot (prefill a list, decode a [B] tensor)
+    state_fresh: list = None            # linear attention, prefill: whether each sequence starts from its first token
 
 
 def rope_inv_freq(args, long=False):

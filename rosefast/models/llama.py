@@ -8,19 +8,26 @@ from torch import nn
 
 from rosefast.kernels import decode_layer, layer_ops
 from rosefast.models.registry import FAMILIES
+from rosefast.models.delta_net import DeltaNet, delta_net_state_dict
 from rosefast.models.layers import attention, embedding, rope_cache
 from rosefast.models.moe import MoE, moe_state_dict
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, args, window=0, moe=False):
+    def __init__(self, args, window=0, moe=False, linear=False):
         """window: attention over the last `window` positions (a sliding window; 0: all); moe: a mixture of experts
-        (rosefast.models.moe) in place of the dense MLP."""
+        (rosefast.models.moe) in place of the dense MLP; linear: a Gated DeltaNet (rosefast.models.delta_net) in
+        place of attention."""
         super().__init__()
         self.args, self.window = args, window
         self.input_norm = nn.Parameter(torch.ones(args.hidden_size))
-        self.qkv = nn.Linear(args.hidden_size, args.q_size + 2 * args.kv_size, bias=args.qkv_bias)  # fused q|k|v
-        self.o = nn.Linear(args.q_size, args.hidden_size, bias=args.o_bias)
+        if linear:
+            self.linear_attn = DeltaNet(args)
+        else:
+            self.qkv = nn.Linear(args.hidden_size, args.q_size + 2 * args.kv_size, bias=args.qkv_bias)  # fused q|k|v
+            self.o = nn.Linear(args.q_size, args.hidden_size, bias=args.o_bias)
+            if args.attn_gate:   # Qwen3-Next: the attention's output gated per channel (a name the decode plan refuses)
+                self.attn_gate = nn.Linear(args.hidden_size, args.q_size, bias=False)
         self.post_norm = nn.Parameter(torch.ones(args.hidden_size))
         if moe:
             self.moe = MoE(args)
@@ -28,10 +35,10 @@ class LlamaLayer(nn.Module):
             self.gate_up = nn.Linear(args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias)   # gate|up
             self.down = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
         self.scale = args.attention_scale or args.head_dim ** -0.5
-        if args.qk_norm:   # Qwen3, Gemma 3: RMSNorm over each head of q and k, before RoPE
+        if args.qk_norm and not linear:   # Qwen3, Gemma 3: RMSNorm over each head of q and k, before RoPE
             self.q_norm = nn.Parameter(torch.ones(args.head_dim))
             self.k_norm = nn.Parameter(torch.ones(args.head_dim))
-        if args.qk_norm_full:   # OLMoE: RMSNorm over all of q and all of k (names the decode plan refuses)
+        if args.qk_norm_full and not linear:   # OLMoE: RMSNorm over all of q and all of k (names the decode plan refuses)
             self.q_width_norm = nn.Parameter(torch.ones(args.q_size))
             self.k_width_norm = nn.Parameter(torch.ones(args.kv_size))
         if args.gemma:     # Gemma: the attention's and the MLP's outputs normed too, before the residual add
@@ -40,11 +47,14 @@ class LlamaLayer(nn.Module):
 
     def forward(self, x, residual, cos, sin, meta, k_cache, v_cache, ops):
         """x: the residual stream [T, hidden], updated in place; residual: the previous layer's MLP output
-        (added here, fused with the norm). Returns (x, this layer's MLP output)."""
+        (added here, fused with the norm); a DeltaNet layer's k_cache, v_cache are its recurrent and conv state pools.
+        Returns (x, this layer's MLP output)."""
         a = self.args
         # the linears' forward, not their __call__: ~30 layers x 4 calls per step of hook plumbing saved
         # (nn.Linear, or a PackedLinear on CPU bf16)
         h = ops.rms_norm(x, self.input_norm, a.norm_eps, residual)
+        if hasattr(self, "linear_attn"):
+            return x, self._mlp(x, self.linear_attn(h, meta, (k_cache, v_cache)), ops)
         qkv = self.qkv.forward(h)                                                      # [T, (H+2Hkv)*D]
         if a.qk_norm:
             _norm_heads(qkv, a.num_heads, a.num_kv_heads, self.q_norm, self.k_norm, a.norm_eps, ops)
@@ -54,15 +64,21 @@ class LlamaLayer(nn.Module):
                 part.copy_(ops.rms_norm(part.contiguous(), weight, a.norm_eps))
         ops.store_kv(qkv, a.num_heads, a.num_kv_heads, meta.slot_mapping, k_cache, v_cache, cos, sin)
         attn = attention(qkv, a.num_heads, a.num_kv_heads, k_cache, v_cache, meta, self.scale, ops, self.window)
+        if a.attn_gate:
+            attn = attn * torch.sigmoid(self.attn_gate.forward(h))
         if a.gemma:   # post_norm is Gemma's pre-feedforward norm; the MLP is tanh-GELU gated
             attn = ops.rms_norm(self.o.forward(attn), self.post_attn_norm, a.norm_eps)
             h = ops.rms_norm(x, self.post_norm, a.norm_eps, attn)
             mlp = self.down.forward(ops.gelu_tanh_mul(self.gate_up.forward(h)))
             return x, ops.rms_norm(mlp, self.post_mlp_norm, a.norm_eps)
-        h = ops.rms_norm(x, self.post_norm, a.norm_eps, self.o.forward(attn))
+        return x, self._mlp(x, self.o.forward(attn), ops)
+
+    def _mlp(self, x, mixed, ops):
+        """The token mixer's output added to x, normed, through the MLP (or the experts)."""
+        h = ops.rms_norm(x, self.post_norm, self.args.norm_eps, mixed)
         if hasattr(self, "moe"):
-            return x, self.moe(h, ops)
-        return x, self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
+            return self.moe(h, ops)
+        return self.down.forward(ops.silu_mul(self.gate_up.forward(h)))
 
 
 def _norm_heads(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, ops):
@@ -78,7 +94,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.args = args
         self.embed = embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(args, args.layer_window(i), args.is_moe_layer(i))
+        self.layers = nn.ModuleList(LlamaLayer(args, args.layer_window(i), args.is_moe_layer(i), args.is_linear_layer(i))
                                     for i in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = None if args.tie_word_embeddings else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
@@ -93,7 +109,8 @@ class LlamaModel(nn.Module):
             self.register_buffer("local_cos", cos, persistent=False)
             self.register_buffer("local_sin", sin, persistent=False)
         self.decode_plans = None   # one call per layer for decode steps (plan_decode_layers)
-        self.graph_safe = not args.num_experts   # a step without host syncs (plan_experts says for experts)
+        # a step without host syncs (plan_experts says for experts); a DeltaNet's prefill loops over its sequences
+        self.graph_safe = not args.num_experts and not args.linear_layers
 
     def plan_experts(self):
         """How each mixture-of-experts layer's routed experts run (moe.MoE.plan), once the model is built: returns
@@ -103,7 +120,7 @@ class LlamaModel(nn.Module):
             if hasattr(layer, "moe"):
                 way = layer.moe.plan()
                 ways[way] = ways.get(way, 0) + 1
-        self.graph_safe = "loop" not in ways
+        self.graph_safe = "loop" not in ways and not self.args.linear_layers
         return ways
 
     def plan_decode_layers(self):
@@ -171,7 +188,8 @@ def partial_rotary_rows(args):
 
 def llama_state_dict(hf, args):
     """Our parameter names from a Hugging Face Llama/Qwen2/Qwen3 state dict (q|k|v and gate|up fused)."""
-    norm = (lambda w: w + 1) if args.gemma else (lambda w: w)   # Gemma's x * (1 + w), as a plain RMSNorm weight
+    # Gemma's and Qwen3-Next's x * (1 + w), as a plain RMSNorm weight
+    norm = (lambda w: w + 1) if args.gemma or args.norm_offset else (lambda w: w)
     out = {"embed.weight": hf["model.embed_tokens.weight"], "norm": norm(hf["model.norm.weight"])}
     if not args.tie_word_embeddings:
         out["lm_head.weight"] = hf["lm_head.weight"]
@@ -184,29 +202,17 @@ def llama_state_dict(hf, args):
             out[o + "post_norm"] = norm(hf[p + "pre_feedforward_layernorm.weight"])
             out[o + "post_mlp_norm"] = norm(hf[p + "post_feedforward_layernorm.weight"])
         else:
-            out[o + "post_norm"] = hf[p + "post_attention_layernorm.weight"]
-        fused = FAMILIES[args.family].fused_weights   # Phi-3 stores q|k|v and gate|up fused, in our order
-        out[o + "qkv.weight"] = hf[p + "self_attn.qkv_proj.weight"] if fused else \
-            torch.cat([hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
-        if args.qkv_bias:
-            out[o + "qkv.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-        if args.rotary_dim:
-            rows = partial_rotary_rows(args)
-            out[o + "qkv.weight"] = out[o + "qkv.weight"][rows]
-            if args.qkv_bias:
-                out[o + "qkv.bias"] = out[o + "qkv.bias"][rows]
-        out[o + "o.weight"] = hf[p + "self_attn.o_proj.weight"]
-        if args.o_bias:
-            out[o + "o.bias"] = hf[p + "self_attn.o_proj.bias"]
-        if args.qk_norm:
-            out[o + "q_norm"] = norm(hf[p + "self_attn.q_norm.weight"])
-            out[o + "k_norm"] = norm(hf[p + "self_attn.k_norm.weight"])
-        if args.qk_norm_full:
-            out[o + "q_width_norm"] = hf[p + "self_attn.q_norm.weight"]
-            out[o + "k_width_norm"] = hf[p + "self_attn.k_norm.weight"]
+            out[o + "post_norm"] = norm(hf[p + "post_attention_layernorm.weight"])
+        if args.is_linear_layer(i):
+            interleaved = p + "linear_attn.in_proj_qkvz.weight" in hf   # Qwen3-Next's layout (else Qwen3.5's)
+            out.update({o + "linear_attn." + k: v for k, v in
+                        delta_net_state_dict(hf, p + "linear_attn.", args, interleaved).items()})
+        else:
+            _attention_state_dict(hf, p, o, args, norm, out)
         if args.is_moe_layer(i):
             out.update({o + "moe." + k: v for k, v in moe_state_dict(hf, p + "mlp.", args).items()})
             continue
+        fused = FAMILIES[args.family].fused_weights
         out[o + "gate_up.weight"] = hf[p + "mlp.gate_up_proj.weight"] if fused else \
             torch.cat([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
         out[o + "down.weight"] = hf[p + "mlp.down_proj.weight"]
@@ -214,3 +220,35 @@ def llama_state_dict(hf, args):
             out[o + "gate_up.bias"] = torch.cat([hf[p + "mlp.gate_proj.bias"], hf[p + "mlp.up_proj.bias"]])
             out[o + "down.bias"] = hf[p + "mlp.down_proj.bias"]
     return out
+
+
+def _attention_state_dict(hf, p, o, args, norm, out):
+    """An attention layer's q|k|v (its rows reordered for a partial rotary), o, their biases and q/k norms; a gated
+    attention's q_proj holds each head's q rows then its gate rows (Qwen3-Next): split into q and the gate."""
+    fused = FAMILIES[args.family].fused_weights   # Phi-3 stores q|k|v and gate|up fused, in our order
+    if fused:
+        out[o + "qkv.weight"] = hf[p + "self_attn.qkv_proj.weight"]
+    else:
+        q = hf[p + "self_attn.q_proj.weight"]
+        if args.attn_gate:
+            q, gate = q.view(args.num_heads, 2, args.head_dim, -1).unbind(1)
+            q = q.reshape(args.q_size, -1)
+            out[o + "attn_gate.weight"] = gate.reshape(args.q_size, -1)
+        out[o + "qkv.weight"] = torch.cat([q] + [hf[p + f"self_attn.{n}_proj.weight"] for n in "kv"])
+    if args.qkv_bias:
+        out[o + "qkv.bias"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
+    if args.rotary_dim:
+        rows = partial_rotary_rows(args)
+        out[o + "qkv.weight"] = out[o + "qkv.weight"][rows]
+        if args.qkv_bias:
+            out[o + "qkv.bias"] = out[o + "qkv.bias"][rows]
+    out[o + "o.weight"] = hf[p + "self_attn.o_proj.weight"]
+    if args.o_bias:
+        out[o + "o.bias"] = hf[p + "self_attn.o_proj.bias"]
+    if args.qk_norm:   # (with a partial rotary, each head's dims reordered as its rows are: partial_rotary_rows)
+        head = partial_rotary_rows(args)[:args.head_dim] if args.rotary_dim else slice(None)
+        out[o + "q_norm"] = norm(hf[p + "self_attn.q_norm.weight"])[head]
+        out[o + "k_norm"] = norm(hf[p + "self_attn.k_norm.weight"])[head]
+    if args.qk_norm_full:
+        out[o + "q_width_norm"] = hf[p + "self_attn.q_norm.weight"]
+        out[o + "k_width_norm"] = hf[p + "self_attn.k_norm.weight"]

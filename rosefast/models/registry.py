@@ -10,7 +10,7 @@ ModelArgs the model code keys on, never its name.
 """
 from rosefast.errors import ModelError
 from rosefast.models.families import (gemma3, gpt2, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3,
-                                     qwen3_moe, smollm3)
+                                     qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next, smollm3)
 
 FAMILIES = {f.model_type: f for f in (
     llama.FAMILY,
@@ -25,6 +25,9 @@ FAMILIES = {f.model_type: f for f in (
     qwen2_moe.FAMILY,
     mixtral.FAMILY,
     olmoe.FAMILY,
+    qwen3_next.FAMILY,
+    qwen3_5.FAMILY,
+    qwen3_5_moe.FAMILY,
 )}
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
