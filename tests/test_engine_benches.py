@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from benches import add_request, decode_step, llama_cpp, throughput, window_kv
+from benches import add_request, decode_step, delta_rule, llama_cpp, throughput, window_kv
 
 
 def test_decode_step_prints_ours_floor_and_hf(tiny_llama, capsys):
@@ -64,3 +64,11 @@ def test_the_window_pool_benchmark_plans_and_measures(default_model, capsys):
     # prefill chunk in the window pool
     assert main_peak == 130 and 0 < window_peak <= window_blocks and window_peak < main_peak
     assert "| Gemma 3 1B | 8 | 22 of 26 (W 512) |" in capsys.readouterr().out
+
+
+def test_delta_rule_prints_each_step_beside_its_floor(capsys):
+    table, chunked, stepped = delta_rule.main(["--rows", "1,2", "--prompt", "64", "--dtype", "float32"])
+    assert [r[0] for r in table] == [1, 2] and all(took > 0 and floor > 0 for _, took, floor in table)
+    assert table[1][2] == 2 * table[0][2]   # the floor: each row's 2 MiB state read and written
+    assert chunked > 0 and stepped > 0
+    assert "| 2 |" in capsys.readouterr().out

@@ -1,0 +1,115 @@
+"""A Gated DeltaNet layer's own work at a real model's shape, beside its bytes floor (rosefast.models.delta_net).
+
+    python -m benches.delta_rule [--rows 1,8,32] [--prompt 4096] [--dtype bfloat16] [--threads 0]
+
+Qwen3.6-35B-A3B's linear-attention layer (hidden 2048; 16 k heads and 32 v heads of 128; conv 4), its projections
+left out (they are linears like any other: the block kernels' business): for a decode step of B rows, the conv
+step, the delta rule's update and readout and the gated norm, timed against the bytes the step must move (each
+row's fp32 state read and written: 2 MiB each way per layer, at the machine's read bandwidth,
+benches.quantized.bandwidth_gb_s); for a prompt, the chunked prefill per token, against the token-by-token rule.
+"""
+import argparse
+import time
+from types import SimpleNamespace
+
+import torch
+
+from rosefast.models.delta_net import DeltaNet
+
+QWEN36_35B = SimpleNamespace(hidden_size=2048, linear_k_heads=16, linear_v_heads=32, linear_k_dim=128,
+                             linear_v_dim=128, linear_conv=4, norm_eps=1e-6)
+
+
+def _net(dtype):
+    torch.manual_seed(0)
+    net = DeltaNet(QWEN36_35B)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(std=0.05)
+        net.A_log.uniform_(-1, 1)
+    return net.to(dtype)
+
+
+def _best(fn, rounds=5):
+    fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def decode_step(net, rows):
+    """Seconds of one decode step's state work for `rows` rows (each its own slot)."""
+    dtype = net.norm.dtype
+    recurrent = torch.randn(rows + 1, net.v_heads, net.k_dim, net.v_dim) * 0.1
+    tails = torch.randn(rows + 1, QWEN36_35B.linear_conv - 1, net.conv_size).to(dtype)
+    slots = torch.arange(rows)
+    mixed = torch.randn(rows, net.conv_size).to(dtype)
+    z = torch.randn(rows, net.value_size).to(dtype)
+    g, beta = -torch.rand(rows, net.v_heads), torch.rand(rows, net.v_heads).to(dtype)
+
+    def step():
+        x = net._conv_step(mixed, tails, slots)
+        net._gated_norm(net._step(x, g, beta, recurrent, slots).to(dtype), z)
+
+    with torch.no_grad():
+        return _best(step)
+
+
+def prefill(net, n, chunked=True):
+    """Seconds of one n-token prompt's state work: chunked, or one token at a time."""
+    dtype = net.norm.dtype
+    state = torch.zeros(net.v_heads, net.k_dim, net.v_dim)
+    tail = torch.zeros(QWEN36_35B.linear_conv - 1, net.conv_size, dtype=dtype)
+    mixed = torch.randn(n, net.conv_size).to(dtype)
+    g, beta = -torch.rand(n, net.v_heads) * 0.1, torch.rand(n, net.v_heads).to(dtype)
+    pool, slot = state[None].clone(), torch.zeros(1, dtype=torch.long)
+
+    def run():
+        x = net._conv(mixed, tail)
+        if chunked:
+            net._chunked(x, g, beta, state)
+        else:
+            for t in range(n):
+                net._step(x[t:t + 1], g[t:t + 1], beta[t:t + 1], pool, slot)
+
+    with torch.no_grad():
+        return _best(run, rounds=2)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--prompt", type=int, default=4096)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from benches.quantized import bandwidth_gb_s
+
+    bandwidth = bandwidth_gb_s() * 1e9
+    net = _net(getattr(torch, args.dtype))
+    state = 4 * net.v_heads * net.k_dim * net.v_dim
+    print(f"Qwen3.6-35B-A3B linear-attention layer, {args.dtype}, {torch.get_num_threads()} threads; read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s; a row's state {state / 2**20:.0f} MiB (read and written each step)")
+    print("| rows | step ms | bytes floor ms | x floor |")
+    print("|---|---|---|---|")
+    table = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        took = decode_step(net, rows)
+        floor = 2 * rows * state / bandwidth
+        table.append((rows, took, floor))
+        print(f"| {rows} | {took * 1e3:.2f} | {floor * 1e3:.2f} | {took / floor:.2f}x |")
+    n = args.prompt
+    chunked = prefill(net, n)
+    stepped = prefill(net, min(n, 256), chunked=False) * n / min(n, 256)
+    print(f"prefill of {n} tokens: chunked {chunked * 1e3:.0f} ms ({chunked / n * 1e6:.0f} us/token); token by "
+          f"token {stepped * 1e3:.0f} ms (from {min(n, 256)} tokens): {stepped / chunked:.1f}x")
+    return table, chunked, stepped
+
+
+if __name__ == "__main__":
+    main()
