@@ -4,9 +4,10 @@
 
 Qwen3.6-35B-A3B's linear-attention layer (hidden 2048; 16 k heads and 32 v heads of 128; conv 4), its projections
 left out (they are linears like any other: the block kernels' business): for a decode step of B rows, the conv
-step, the delta rule's update and readout and the gated norm, timed against the bytes the step must move (each
-row's fp32 state read and written: 2 MiB each way per layer, at the machine's read bandwidth,
-benches.quantized.bandwidth_gb_s); for a prompt, the chunked prefill per token, against the token-by-token rule.
+step, the delta rule's update and readout and the gated norm — on the compiled kernels (csrc/delta_rule.h) and on
+torch's ops (the twin) — timed against the bytes the step must move (each row's fp32 state read and written: 2 MiB
+each way per layer, at the machine's read bandwidth, benches.quantized.bandwidth_gb_s); for a prompt, the same work
+over its tokens: C's per-head recurrence against the twin's chunked form.
 """
 import argparse
 import time
@@ -14,7 +15,8 @@ from types import SimpleNamespace
 
 import torch
 
-from rosefast.models.delta_net import DeltaNet
+from rosefast.kernels import layer_ops
+from rosefast.models.delta_net import PIECE, DeltaNet
 
 QWEN36_35B = SimpleNamespace(hidden_size=2048, linear_k_heads=16, linear_v_heads=32, linear_k_dim=128,
                              linear_v_dim=128, linear_conv=4, norm_eps=1e-6)
@@ -40,8 +42,8 @@ def _best(fn, rounds=5):
     return min(times)
 
 
-def decode_step(net, rows):
-    """Seconds of one decode step's state work for `rows` rows (each its own slot)."""
+def decode_step(net, rows, ops):
+    """Seconds of one decode step's state work for `rows` rows (each its own slot), on the kernels `ops`."""
     dtype = net.norm.dtype
     recurrent = torch.randn(rows + 1, net.v_heads, net.k_dim, net.v_dim) * 0.1
     tails = torch.randn(rows + 1, QWEN36_35B.linear_conv - 1, net.conv_size).to(dtype)
@@ -52,28 +54,26 @@ def decode_step(net, rows):
 
     def step():
         x = net._conv_step(mixed, tails, slots)
-        net._gated_norm(net._step(x, g, beta, recurrent, slots).to(dtype), z)
+        net._gated_norm(net._step(x, g, beta, recurrent, slots, ops).to(dtype), z)
 
     with torch.no_grad():
         return _best(step)
 
 
-def prefill(net, n, chunked=True):
-    """Seconds of one n-token prompt's state work: chunked, or one token at a time."""
+def prefill(net, n, ops):
+    """Seconds of one n-token prompt's state work (the conv, the rule, the gated norm) on the kernels `ops`."""
     dtype = net.norm.dtype
     state = torch.zeros(net.v_heads, net.k_dim, net.v_dim)
     tail = torch.zeros(QWEN36_35B.linear_conv - 1, net.conv_size, dtype=dtype)
     mixed = torch.randn(n, net.conv_size).to(dtype)
+    z = torch.randn(n, net.value_size).to(dtype)
     g, beta = -torch.rand(n, net.v_heads) * 0.1, torch.rand(n, net.v_heads).to(dtype)
-    pool, slot = state[None].clone(), torch.zeros(1, dtype=torch.long)
 
-    def run():
-        x = net._conv(mixed, tail)
-        if chunked:
-            net._chunked(x, g, beta, state)
-        else:
-            for t in range(n):
-                net._step(x[t:t + 1], g[t:t + 1], beta[t:t + 1], pool, slot)
+    def run():   # as the layer's forward runs a prompt: PIECE tokens at a time
+        for at in range(0, n, PIECE):
+            rows = slice(at, min(at + PIECE, n))
+            x = net._conv(mixed[rows], tail)
+            net._gated_norm(net._sequence(x, g[rows], beta[rows], state, ops).to(dtype), z[rows])
 
     with torch.no_grad():
         return _best(run, rounds=2)
@@ -95,20 +95,23 @@ def main(argv=None):
     state = 4 * net.v_heads * net.k_dim * net.v_dim
     print(f"Qwen3.6-35B-A3B linear-attention layer, {args.dtype}, {torch.get_num_threads()} threads; read bandwidth "
           f"{bandwidth / 1e9:.1f} GB/s; a row's state {state / 2**20:.0f} MiB (read and written each step)")
-    print("| rows | step ms | bytes floor ms | x floor |")
-    print("|---|---|---|---|")
+    print("| rows | step ms: compiled | torch ops | bytes floor ms | compiled x floor |")
+    print("|---|---|---|---|---|")
     table = []
     for rows in (int(r) for r in args.rows.split(",")):
-        took = decode_step(net, rows)
+        took = decode_step(net, rows, layer_ops.for_tensor(net.norm))
+        torch_ops = decode_step(net, rows, layer_ops.reference)
         floor = 2 * rows * state / bandwidth
         table.append((rows, took, floor))
-        print(f"| {rows} | {took * 1e3:.2f} | {floor * 1e3:.2f} | {took / floor:.2f}x |")
+        print(f"| {rows} | {took * 1e3:.2f} | {torch_ops * 1e3:.2f} | {floor * 1e3:.2f} | {took / floor:.2f}x |")
     n = args.prompt
-    chunked = prefill(net, n)
-    stepped = prefill(net, min(n, 256), chunked=False) * n / min(n, 256)
-    print(f"prefill of {n} tokens: chunked {chunked * 1e3:.0f} ms ({chunked / n * 1e6:.0f} us/token); token by "
-          f"token {stepped * 1e3:.0f} ms (from {min(n, 256)} tokens): {stepped / chunked:.1f}x")
-    return table, chunked, stepped
+    compiled = prefill(net, n, layer_ops.for_tensor(net.norm))
+    chunked = prefill(net, n, layer_ops.reference)
+    flops = 4 * n * net.v_heads * net.k_dim * net.v_dim   # the rule's multiply-adds, twice
+    print(f"prefill of {n} tokens: compiled (each head's recurrence, state in L2) {compiled * 1e3:.0f} ms "
+          f"({compiled / n * 1e6:.0f} us/token, {flops / compiled / 1e9:.0f} GFLOP/s); torch's chunked form "
+          f"{chunked * 1e3:.0f} ms: {chunked / compiled:.1f}x")
+    return table, compiled, chunked
 
 
 if __name__ == "__main__":

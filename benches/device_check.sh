@@ -612,7 +612,7 @@ with torch.inference_mode():
     qkv = torch.randn(B, (H + 2 * Hkv) * D, device=dev, dtype=torch.bfloat16)
     scale = D ** -0.5
     def meta(width):
-        _, _, slots, tables, ctx, _ = r.decode_tensors(seqs, width)
+        _, _, slots, tables, ctx, _, _ = r.decode_tensors(seqs, width)
         m = AttentionMetadata(False, slots, tables, context_lens=ctx)
         twin.decode_attention(qkv, H, Hkv, k_pool, v_pool, m, scale)
         return m

@@ -357,8 +357,8 @@ def test_decode_values_pad_rows_to_the_scratch_block(tiny_llama):
     assert flat[8:12] == [7 * bs + 20 - bs, 1 * bs + 3, sslot, sslot]   # where each new K/V goes
     assert flat[12:16] == [21, 4, 1, 1]                              # context lengths
     assert flat[16:] == [3, 7, scratch, 1, scratch, scratch]         # the real rows' tables at width 3
-    ids, pos, slots, tables, ctx, window = runner.decode_tensors(seqs, 2)
-    assert window is None   # (no sliding-window pool)
+    ids, pos, slots, tables, ctx, window, states = runner.decode_tensors(seqs, 2)
+    assert window is None and states is None   # (no sliding-window pool, no linear-attention states)
     assert tables.tolist() == [[3, 7], [1, scratch]] and ctx.tolist() == [21, 4] and slots.tolist() == flat[8:10]
 
 

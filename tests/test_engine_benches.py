@@ -67,8 +67,8 @@ def test_the_window_pool_benchmark_plans_and_measures(default_model, capsys):
 
 
 def test_delta_rule_prints_each_step_beside_its_floor(capsys):
-    table, chunked, stepped = delta_rule.main(["--rows", "1,2", "--prompt", "64", "--dtype", "float32"])
+    table, compiled, chunked = delta_rule.main(["--rows", "1,2", "--prompt", "64", "--dtype", "float32"])
     assert [r[0] for r in table] == [1, 2] and all(took > 0 and floor > 0 for _, took, floor in table)
     assert table[1][2] == 2 * table[0][2]   # the floor: each row's 2 MiB state read and written
-    assert chunked > 0 and stepped > 0
+    assert compiled > 0 and chunked > 0
     assert "| 2 |" in capsys.readouterr().out

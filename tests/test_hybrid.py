@@ -3,15 +3,13 @@ token one; a prefill cut anywhere, a long prompt across chunks, and every engine
 aborted, forked) give each sequence the logits and tokens it gets alone, with every state slot back at the end. The
 families' logits against Hugging Face's are tests/test_model_runner.py's (TINY_VARIANTS) and their HTTP runs
 tests/test_models.py's."""
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from rosefast.engine.model_runner import SeqInput
 from rosefast.engine.sampling_params import SamplingParams
+from rosefast.kernels import layer_ops
 from rosefast.models import delta_net
-from rosefast.models.delta_net import DeltaNet
 from rosefast.sources import tiny_random
 from tests.paged import max_abs_diff, run_hf, run_ours
 from tests.test_engine import make_engine
@@ -22,32 +20,63 @@ PROMPTS = [[17, 923, 4410, 88, 1024, 3], [5000, 5001, 77, 12, 9], list(range(300
            list(range(900, 921)), [44, 45]]
 
 
-def _net(seed=0):
-    args = SimpleNamespace(linear_k_heads=2, linear_v_heads=4, linear_k_dim=8, linear_v_dim=12, norm_eps=1e-6,
-                           hidden_size=32, linear_conv=4)
-    torch.manual_seed(seed)
-    net = DeltaNet(args)
-    for p in net.parameters():
-        torch.nn.init.normal_(p, std=0.5)
-    return net
+def _rule_inputs(n, heads, dk, dv, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.nn.functional.normalize(torch.randn(n, heads, dk, generator=gen), dim=-1) for _ in range(2))
+    v = torch.randn(n, heads, dv, generator=gen)
+    g, beta = -torch.rand(n, heads, generator=gen) * 2, torch.rand(n, heads, generator=gen)
+    return q, k, v, g, beta
 
 
 @pytest.mark.parametrize("n", [1, 5, 63, 64, 65, 150])
 def test_the_chunked_rule_is_the_token_by_token_rule(n):
-    """From a state already holding a past, n tokens in chunks of 64 (a chunk's triangular solve) give the outputs
-    and the final state that n one-token steps do."""
-    net = _net()
-    x = torch.randn(n, net.conv_size)
-    g = -torch.rand(n, net.v_heads) * 2
-    beta = torch.rand(n, net.v_heads)
-    start = torch.randn(1, net.v_heads, net.k_dim, net.v_dim)
+    """From a state already holding a past, n tokens in the twin's chunks of 64 (a chunk's triangular solve) give
+    the outputs and the final state that n one-token steps do."""
+    twin = layer_ops.reference
+    q, k, v, g, beta = _rule_inputs(n, 4, 8, 12, n)
+    start = torch.randn(1, 4, 8, 12)
     state = start[0].clone()
-    with torch.no_grad():
-        chunked = net._chunked(x, g, beta, state)
-        pool, slots = start.clone(), torch.zeros(1, dtype=torch.long)
-        steps = torch.cat([net._step(x[t:t + 1], g[t:t + 1], beta[t:t + 1], pool, slots) for t in range(n)])
+    chunked = twin.delta_sequence(state, q, k, v, g, beta)
+    pool, slots = start.clone(), torch.zeros(1, dtype=torch.long)
+    steps = torch.cat([twin.delta_step(pool, slots, q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1], beta[t:t + 1])
+                       for t in range(n)])
     torch.testing.assert_close(chunked, steps, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state, pool[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows, heads, dk, dv", [(1, 4, 8, 12), (5, 32, 128, 128), (3, 2, 16, 1000)])
+def test_the_compiled_delta_step_is_the_twins(rows, heads, dk, dv):
+    """The C step (two passes over each head's state) against the torch twin: the outputs, every row's state in its
+    slot, and the slots no row names left as they were (slots out of order, one row past the others)."""
+    from rosefast.kernels import _layer_ops_c
+
+    gen = torch.Generator().manual_seed(rows)
+    pool = torch.randn(rows + 3, heads, dk, dv, generator=gen) * 0.3
+    slots = torch.randperm(rows + 3, generator=gen)[:rows]
+    q, k, v, g, beta = _rule_inputs(rows, heads, dk, dv, rows)
+    want_pool = pool.clone()
+    want = layer_ops.reference.delta_step(want_pool, slots, q, k, v, g, beta)
+    got = _layer_ops_c.delta_step(pool, slots, q, k, v, g, beta)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(pool, want_pool, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="shapes"):
+        _layer_ops_c.delta_step(pool, slots, q, k, v[:, :1], g, beta)
+
+
+@pytest.mark.parametrize("n, heads, dk, dv", [(1, 4, 8, 12), (150, 4, 16, 24), (70, 32, 128, 128)])
+def test_the_compiled_delta_sequence_is_the_twins_chunked_form(n, heads, dk, dv):
+    """A prefill's rule in C (each head's tokens in order) against the twin's chunks: outputs and final state."""
+    from rosefast.kernels import _layer_ops_c
+
+    q, k, v, g, beta = _rule_inputs(n, heads, dk, dv, n)
+    state = torch.randn(heads, dk, dv, generator=torch.Generator().manual_seed(1)) * 0.3
+    want_state = state.clone()
+    want = layer_ops.reference.delta_sequence(want_state, q, k, v, g, beta)
+    got = _layer_ops_c.delta_sequence(state, q, k, v, g, beta)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(state, want_state, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="shapes"):
+        _layer_ops_c.delta_sequence(state[:1], q, k, v, g, beta)
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +84,15 @@ def next_model(default_model):
     return tiny_random("qwen3_next")
 
 
-def test_a_prefill_cut_anywhere_gives_the_uncut_logits(next_model, monkeypatch):
-    """Chunks of 4 tokens in the delta rule, and the prompt's prefill cut at every position of its first chunks (the
-    state and conv tail carried in the slot across the two steps): every position's logits as one prefill gives (to
-    fp32 rounding: ~1e-5 here, a matmul's rows summed in another order for another row count).""" 
-    monkeypatch.setattr(delta_net, "CHUNK", 4)
+@pytest.mark.parametrize("flavour", ["compiled", "twin"])
+def test_a_prefill_cut_anywhere_gives_the_uncut_logits(next_model, monkeypatch, flavour):
+    """The prompt's prefill cut at every position (the state and conv tail carried in the slot across the two
+    steps; the twin's delta rule in chunks of 4, so that cuts fall at every place in a chunk): every position's
+    logits as one prefill gives (to fp32 rounding: ~1e-5 here, a matmul's rows summed in another order for another
+    row count)."""
+    monkeypatch.setattr(layer_ops.reference, "DELTA_CHUNK", 4)
+    if flavour == "twin":
+        monkeypatch.setattr(layer_ops, "impl", layer_ops.reference)
     runner = runner_for(next_model, block_size=4)
     prompt = PROMPTS[4][:11]
     table = list(range(-(-len(prompt) // 4)))
@@ -70,8 +103,11 @@ def test_a_prefill_cut_anywhere_gives_the_uncut_logits(next_model, monkeypatch):
         torch.testing.assert_close(torch.cat((first, rest)), whole, atol=1e-4, rtol=0, msg=f"cut at {cut}")
 
 
-def test_a_long_prompt_across_chunks_gives_hugging_faces_logits(default_model):
-    """150 tokens: three chunks of the delta rule in one prefill, then decode steps, as Hugging Face computes them."""
+def test_a_long_prompt_across_chunks_gives_hugging_faces_logits(default_model, monkeypatch):
+    """150 tokens in one prefill, run 64 at a time through the conv and the rule (the C kernels' recurrence;
+    tests/test_model_runner.py's runs are short), then decode steps, as Hugging Face computes them (its chunked
+    form)."""
+    monkeypatch.setattr(delta_net, "PIECE", 64)
     model = tiny_random("qwen3_5_text")
     prompt = [(7 * i + 100) % 40000 for i in range(150)]
     ref, fed = run_hf(load_hf_model(model), prompt, 4)

@@ -15,6 +15,13 @@ from decode_kernels cimport (rf_attention_isa, rf_decode_attention_bf16, rf_deco
                              rf_rms_norm_f32, rf_gelu_tanh_mul_bf16, rf_gelu_tanh_mul_f32, rf_silu_mul_bf16, rf_silu_mul_f32,
                              rf_store_kv_bf16, rf_store_kv_f32)
 
+cdef extern from "delta_rule.h" nogil:
+    int RF_DELTA_MAX_DV
+    void rf_delta_step(float *pool, const int64_t *slots, int64_t rows, int64_t heads, int64_t dk, int64_t dv,
+                       const float *q, const float *k, const float *v, const float *g, const float *beta, float *out)
+    void rf_delta_sequence(float *state, int64_t n, int64_t heads, int64_t dk, int64_t dv, const float *q,
+                           const float *k, const float *v, const float *g, const float *beta, float *out)
+
 rf_set_attention_limit(attention_isa_limit())   # the tier ROSEFAST_CPU_KERNELS forces, this module's copy
 
 FOLLOWS_CONTEXT = True     # decode reads each row's blocks in place, up to its context length
@@ -151,4 +158,52 @@ cdef _act_mul(gate_up, bint gelu):
             rf_gelu_tanh_mul_f32(<float *>pg, <float *>po, rows, n)
         else:
             rf_silu_mul_f32(<float *>pg, <float *>po, rows, n)
+    return out
+
+
+def _delta_shapes(str name, state, q, k, v, g, beta):
+    """(rows or tokens, heads, dk, dv) of a delta-rule call, or ValueError naming the shapes that do not match."""
+    b, h, dk, dv = q.shape[0], q.shape[1], q.shape[2], v.shape[2]
+    if (tuple(state.shape[-3:]) != (h, dk, dv) or tuple(k.shape) != (b, h, dk) or tuple(v.shape[:2]) != (b, h)
+            or tuple(g.shape) != (b, h) or tuple(beta.shape) != (b, h)):
+        raise ValueError(f"{name}: shapes state {tuple(state.shape)}, q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)} do not match")
+    if dv > RF_DELTA_MAX_DV:
+        raise ValueError(f"{name}: v heads of {dv} > {RF_DELTA_MAX_DV}")
+    return b, h, dk, dv
+
+
+def delta_step(pool, slots, q, k, v, g, beta):
+    """The gated delta rule's decode step (csrc/delta_rule.h): each row's state in `pool` [slots, H, dk, dv] (fp32,
+    at its slot) updated in place by its q, k [B, H, dk], v [B, H, dv], log-decay g and beta [B, H] (all fp32) ->
+    out [B, H, dv]."""
+    cdef int64_t b, h, dk, dv
+    b, h, dk, dv = _delta_shapes("delta_step", pool, q, k, v, g, beta)
+    if pool.dim() != 4 or tuple(slots.shape) != (b,):
+        raise ValueError(f"delta_step: shapes pool {tuple(pool.shape)}, slots {tuple(slots.shape)} for {b} rows")
+    out = torch.empty((b, h, dv), dtype=F32)
+    cdef uintptr_t pp = _ptr(pool, F32, "pool"), ps = _ptr(slots, I64, "slots"), pq = _ptr(q, F32, "q")
+    cdef uintptr_t pk = _ptr(k, F32, "k"), pv = _ptr(v, F32, "v"), pg = _ptr(g, F32, "g")
+    cdef uintptr_t pb = _ptr(beta, F32, "beta"), po = _ptr(out, F32, "out")
+    with nogil:
+        rf_delta_step(<float *>pp, <const int64_t *>ps, b, h, dk, dv, <const float *>pq, <const float *>pk,
+                      <const float *>pv, <const float *>pg, <const float *>pb, <float *>po)
+    return out
+
+
+def delta_sequence(state, q, k, v, g, beta):
+    """One sequence's n tokens of the gated delta rule from `state` [H, dk, dv] (fp32, updated in place): q, k [n, H,
+    dk], v [n, H, dv], g and beta [n, H] (fp32) -> out [n, H, dv]. Each head's tokens in order in C
+    (csrc/delta_rule.h), its state cache-resident from one to the next."""
+    cdef int64_t n, h, dk, dv
+    n, h, dk, dv = _delta_shapes("delta_sequence", state, q, k, v, g, beta)
+    if state.dim() != 3:
+        raise ValueError(f"delta_sequence: state {tuple(state.shape)} is not one sequence's [H, dk, dv]")
+    out = torch.empty((n, h, dv), dtype=F32)
+    cdef uintptr_t ps = _ptr(state, F32, "state"), pq = _ptr(q, F32, "q"), pk = _ptr(k, F32, "k")
+    cdef uintptr_t pv = _ptr(v, F32, "v"), pg = _ptr(g, F32, "g"), pb = _ptr(beta, F32, "beta")
+    cdef uintptr_t po = _ptr(out, F32, "out")
+    with nogil:
+        rf_delta_sequence(<float *>ps, n, h, dk, dv, <const float *>pq, <const float *>pk, <const float *>pv,
+                          <const float *>pg, <const float *>pb, <float *>po)
     return out

@@ -1,4 +1,5 @@
-"""A layer's small ops — RMSNorm (+ residual), RoPE + K/V store, paged decode attention, SiLU-mul.
+"""A layer's small ops — RMSNorm (+ residual), RoPE + K/V store, paged decode attention, SiLU-mul, the gated delta
+rule's decode step.
 
     ops = for_tensor(x)     # the compiled kernels for CPU fp32/bf16 tensors, else the torch twin
     h = ops.rms_norm(x, weight, eps, residual)

@@ -54,7 +54,7 @@ class LlamaLayer(nn.Module):
         # (nn.Linear, or a PackedLinear on CPU bf16)
         h = ops.rms_norm(x, self.input_norm, a.norm_eps, residual)
         if hasattr(self, "linear_attn"):
-            return x, self._mlp(x, self.linear_attn(h, meta, (k_cache, v_cache)), ops)
+            return x, self._mlp(x, self.linear_attn(h, meta, (k_cache, v_cache), ops), ops)
         qkv = self.qkv.forward(h)                                                      # [T, (H+2Hkv)*D]
         if a.qk_norm:
             _norm_heads(qkv, a.num_heads, a.num_kv_heads, self.q_norm, self.k_norm, a.norm_eps, ops)
