@@ -65,6 +65,10 @@ class EngineConfig:
     prefill_max_batch_size: int = 16   # sequences per prefill step
     max_num_batched_tokens: int = 2048 # tokens per prefill step (longer prompts are prefilled in chunks)
     enable_prefix_cache: bool = True
+    state_checkpoint_tokens: int = 64  # linear-attention models: their recurrent state saved every this many tokens
+                                       # of a prefill (a multiple of block_size; 0: none), so that a later prompt
+                                       # sharing a prefix starts from the nearest (rosefast.engine.state_slots)
+    state_checkpoints: int = 16        # how many such saved states are kept (least recently used dropped first)
     cuda_graph: bool = True            # capture decode steps as CUDA graphs (CUDA only)
     seed: int = 0                      # for requests without their own seed
     num_threads: int = 0               # torch intra-op threads on CPU; 0: torch's default
@@ -89,10 +93,14 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("kv_cache_tokens", "max_model_len", "num_threads", "max_active_requests", "speculative_tokens"):
+        for name in ("kv_cache_tokens", "max_model_len", "num_threads", "max_active_requests", "speculative_tokens",
+                     "state_checkpoint_tokens", "state_checkpoints"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.state_checkpoint_tokens % self.block_size:
+            raise ValueError(f"state_checkpoint_tokens must be a multiple of block_size ({self.block_size}): a saved "
+                             f"state is found by its last block's hash; got {self.state_checkpoint_tokens}")
         if self.max_active_requests > self.max_batch_size:   # it can only lower the running batch
             raise ValueError(f"max_active_requests must be at most max_batch_size ({self.max_batch_size}): it caps "
                              f"the sequences running at once below the decode batch; got {self.max_active_requests}")

@@ -31,6 +31,10 @@ ENGINE_LIVE = (
                                                      "such layers)", "state_slots_used"),
     (GaugeMetricFamily, "rosefast_state_slots_total", "linear-attention layers' recurrent-state slots",
      "state_slots_total"),
+    (CounterMetricFamily, "rosefast_state_checkpoints_saved", "linear-attention states saved at a prefill's "
+                                                              "checkpoint tokens", "state_checkpoints_saved"),
+    (CounterMetricFamily, "rosefast_state_checkpoint_hits", "prompts started from a saved linear-attention state "
+                                                            "(a prefix-cache hit)", "state_checkpoint_hits"),
     (CounterMetricFamily, "rosefast_prefix_cache_hits", "prefix cache block hits", "prefix_cache_hits"),
     (CounterMetricFamily, "rosefast_prefix_cache_misses", "prefix cache block misses", "prefix_cache_misses"),
     (CounterMetricFamily, "rosefast_prefix_cache_evictions", "cached blocks evicted", "prefix_cache_evictions"),

@@ -137,9 +137,13 @@ def _drive(engine, arrivals, params=GREEDY, abort=None):
 
 
 def _all_slots_back(engine):
-    states = engine.block_manager.states
-    states.check([s.state_slot for s in engine.seqs.values() if s.state_slot is not None])
-    assert states.num_free == states.num_slots and engine.block_manager.num_used_blocks == 0
+    bm = engine.block_manager
+    bm.states.check([s.state_slot for s in engine.seqs.values() if s.state_slot is not None])
+    assert bm.states.num_free == bm.states.num_slots and bm.num_used_blocks == 0
+    if bm.checkpoints is not None:   # every saved-state slot free or holding one saved state
+        first = bm.states.num_slots + 1
+        assert sorted(bm.checkpoints.free + list(bm.checkpoints.by_hash.values())) == \
+            list(range(first, first + engine.runner.kv.state_checkpoints))
 
 
 def test_batched_and_chunked_schedules_give_each_sequence_its_own_tokens(next_model, solo):
@@ -149,7 +153,7 @@ def test_batched_and_chunked_schedules_give_each_sequence_its_own_tokens(next_mo
     got = _drive(engine, {0: PROMPTS[:2], 2: PROMPTS[2:4], 5: PROMPTS[4:]})
     assert got == solo
     _all_slots_back(engine)
-    assert engine.block_manager.enable_prefix_cache is False and not engine.speculator.enabled
+    assert engine.block_manager.enable_prefix_cache and not engine.speculator.enabled
     stats = engine.stats()
     assert stats["state_slots_used"] == 0 and stats["state_slots_total"] == engine.block_manager.states.num_slots
 
@@ -202,4 +206,40 @@ def test_forked_choices_each_carry_a_copy_of_the_prompts_state(next_model):
             out[o.request_id] += o.new_token_ids
     assert engine.forks == 2
     assert [out["a"], out["a-1"], out["a-2"]] == want
+    _all_slots_back(engine)
+
+
+@pytest.mark.parametrize("chunk", [2048, 8])
+def test_a_prompt_sharing_a_prefix_starts_from_the_saved_state(next_model, chunk):
+    """States saved every 16 tokens: a second prompt sharing the first one's 100-token prefix hits the cache up to
+    the last saved state inside it (96 tokens: 24 blocks of 4), starts from a copy of that state, and gives the
+    tokens it gets on an engine without the cache — prefilled in one step or 8 tokens a step."""
+    shared = [(13 * i + 500) % 40000 for i in range(100)]
+    first, second = shared + [7, 8, 9, 10, 11], shared + [40, 41, 42]
+    cold = make_engine(next_model, enable_prefix_cache=False)
+    want = [cold.generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in (first, second)]
+    engine = make_engine(next_model, state_checkpoint_tokens=16, max_num_batched_tokens=chunk)
+    assert engine.generate([first], GREEDY, use_tqdm=False)[0]["token_ids"] == want[0]
+    stats = engine.stats()
+    assert stats["state_checkpoints_saved"] == len(first) // 16 and stats["state_checkpoint_hits"] == 0
+    hits = engine.block_manager.hits
+    rid = engine.add_request(second, GREEDY)
+    got = []
+    while engine.has_unfinished():
+        got += [t for o in engine.step().outputs for t in o.new_token_ids]
+    assert got == want[1]
+    assert engine.stats()["state_checkpoint_hits"] == 1 and engine.block_manager.hits - hits == 96 // 4
+    _all_slots_back(engine)
+    assert rid not in engine.seqs
+
+
+def test_saved_states_past_their_number_are_dropped_least_recently_used(next_model, solo):
+    """Two saved-state slots for prompts that save many: the oldest are dropped, every slot stays accounted for,
+    and every prompt (a repeat of one among them) gets its own tokens."""
+    engine = make_engine(next_model, state_checkpoint_tokens=8, state_checkpoints=2)
+    got = [engine.generate([p], GREEDY, use_tqdm=False)[0]["token_ids"] for p in PROMPTS + PROMPTS[4:5]]
+    assert got == solo + solo[4:5]
+    assert len(engine.block_manager.checkpoints.by_hash) == 2 and engine.stats()["state_checkpoints_saved"] > 2
+    # the 40-token prompt's saved states were dropped for the 21-token one's (at 8 and 16): its repeat starts at 16
+    assert engine.stats()["state_checkpoint_hits"] == 1 and engine.seqs == {}
     _all_slots_back(engine)

@@ -93,15 +93,17 @@ class BlockPool:
 
 class BlockManager(BlockPool):
     def __init__(self, num_blocks, block_size, enable_prefix_cache=True, hash_fn=chain_hash, window=None,
-                 states=None):
+                 states=None, checkpoints=None):
         """window: the sliding-window layers' blocks (a WindowBlocks), or None when the model has none; states: the
         linear-attention layers' state slots (a StateSlots: one a sequence, taken and given back with its blocks),
-        or None."""
+        or None; checkpoints: their saved states (a StateCheckpoints): a hit must end where one was saved (none
+        without them)."""
         super().__init__(num_blocks, block_size)
         self.enable_prefix_cache = enable_prefix_cache
         self.hash_fn = hash_fn
         self.window = window
         self.states = states
+        self.checkpoints = checkpoints
         self.hits = self.misses = 0
 
     # -- allocation ---------------------------------------------------------------------------------
@@ -126,6 +128,13 @@ class BlockManager(BlockPool):
             prev = h
         if self.window is not None and found:
             k = self.window.cached_prefix(seq, hashes)
+            if k < len(found):
+                found, hashes, missed = found[:k], hashes[:k], True
+        if self.states is not None and found:   # linear attention: back to the last block a saved state follows
+            by_hash = self.checkpoints.by_hash if self.checkpoints is not None else {}
+            k = len(found)
+            while k and hashes[k - 1] not in by_hash:
+                k -= 1
             if k < len(found):
                 found, hashes, missed = found[:k], hashes[:k], True
         return found, missed, hashes
@@ -169,6 +178,9 @@ class BlockManager(BlockPool):
             self.window.allocate(seq, hashes)
         if self.states is not None:
             self.states.take(seq)
+            if found:   # (lookup ended the hit at a saved state: the engine copies it in before the step)
+                seq.state_restore = self.checkpoints.find(hashes[-1])
+                self.checkpoints.restored += 1
         self.append_slot(seq)
 
     def can_append(self, seq):
@@ -265,11 +277,20 @@ class BlockManager(BlockPool):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = self.hash_fn(prev, tokens)
             self._register(seq.block_table[i], h, tokens)   # the chain goes on past a block left unregistered
+            if seq.state_saves and seq.state_saves[0][0] == (i + 1) * bs:   # its state after this block, saved
+                self.checkpoints.register(h, seq.state_saves.pop(0)[1])
             if window is not None:
                 window.register(seq, i, h, tokens)
             prev = h
             i += 1
         seq.num_hashed_blocks, seq.last_hash = i, prev
+
+    def release_saves(self, seq):
+        """Give back the checkpoint slots reserved for `seq`'s saves that no block hash took (a failed step, a
+        save past the blocks committed)."""
+        for _, slot in seq.state_saves:
+            self.checkpoints.release(slot)
+        seq.state_saves = []
 
     def free(self, seq):
         """Release the sequence's blocks (deepest first, so a prefix's root is evicted last)."""
@@ -279,6 +300,8 @@ class BlockManager(BlockPool):
             self.window.free(seq)
         if self.states is not None:
             self.states.give_back(seq)
+            self.release_saves(seq)
+            seq.state_restore = None
         seq.block_table = []
         seq.num_cached = 0
         seq.num_hashed_blocks = 0

@@ -48,20 +48,23 @@ def state_bytes(args, dtype):
 
 
 def plan_state_slots(config, args, dtype, device):
-    """(slots, their bytes) of the linear-attention layers' state pools: a slot for each sequence that may run
-    (max_batch_size, max_active_requests); on the CPU at most what half the KV budget holds (then the states, not
-    the blocks, bound how many run). (0, 0) for a model without such layers."""
+    """(slots, checkpoint slots, their bytes) of the linear-attention layers' state pools: a slot for each sequence
+    that may run (max_batch_size, max_active_requests), on the CPU at most what half the KV budget holds (then the
+    states, not the blocks, bound how many run); `state_checkpoints` saved states where they are taken
+    (state_checkpoint_tokens). (0, 0, 0) for a model without such layers."""
     if not args.linear_layers:
-        return 0, 0
+        return 0, 0, 0
     running = min(config.max_batch_size, config.max_active_requests or config.max_batch_size)
     one = state_bytes(args, dtype)
     slots = running
     if device.type != "cuda" and not config.kv_cache_tokens:
         slots = max(1, min(running, int(available_memory() * config.kv_memory_fraction) // 2 // one))
-    log.info("recurrent states of the %d linear-attention layers: %d slots x %.1f MiB = %.1f MiB%s",
-             len(args.linear_layers), slots, one / 2**20, slots * one / 2**20,
-             f" (fewer than the {running} sequences that may run: the states bound them)" if slots < running else "")
-    return slots, slots * one
+    saved = config.state_checkpoints if config.state_checkpoint_tokens and config.enable_prefix_cache else 0
+    log.info("recurrent states of the %d linear-attention layers: %d slots x %.1f MiB = %.1f MiB%s; %d saved states "
+             "(every %d tokens of a prefill) %.1f MiB", len(args.linear_layers), slots, one / 2**20, slots * one / 2**20,
+             f" (fewer than the {running} sequences that may run: the states bound them)" if slots < running else "",
+             saved, config.state_checkpoint_tokens, saved * one / 2**20)
+    return slots, saved, (slots + saved) * one
 
 
 def available_memory():
@@ -176,10 +179,11 @@ def plan_blocks(config, args, dtype, device, profile=None, max_blocks_per_seq=1,
 
 class KVCache:
     def __init__(self, args, num_blocks, block_size, dtype, device, window_blocks=0, window_counted=False,
-                 state_slots=0):
+                 state_slots=0, state_checkpoints=0):
         """window_blocks: the sliding-window layers' own pool (0: every layer in the one pool); window_counted:
         smaller than every running sequence's window, so the scheduler counts it (plan_blocks); state_slots: the
-        linear-attention layers' state pools (plan_state_slots)."""
+        linear-attention layers' state pools (plan_state_slots): that many sequences' slots, a scratch one, then
+        `state_checkpoints` slots for saved states (rosefast.engine.state_slots.StateCheckpoints)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.scratch_block = num_blocks
@@ -196,15 +200,16 @@ class KVCache:
                                        args.head_dim, dtype=dtype, device=device) if windowed else None
         pools = {i: (self.data[j, 0], self.data[j, 1]) for j, i in enumerate(full)}
         pools.update({i: (self.window_data[j, 0], self.window_data[j, 1]) for j, i in enumerate(windowed)})
-        self.state_slots = state_slots
+        self.state_slots, self.state_checkpoints = state_slots, state_checkpoints
         self.states = []   # each linear-attention layer's recurrent states [slots + 1, Hv, dk, dv] and conv tails
         if linear:
             from rosefast.models.delta_net import state_shapes
 
             recurrent, tail = state_shapes(args)
             for i in linear:
-                pools[i] = (torch.zeros(state_slots + 1, *recurrent, dtype=torch.float32, device=device),
-                            torch.zeros(state_slots + 1, *tail, dtype=dtype, device=device))
+                n = state_slots + 1 + state_checkpoints
+                pools[i] = (torch.zeros(n, *recurrent, dtype=torch.float32, device=device),
+                            torch.zeros(n, *tail, dtype=dtype, device=device))
                 self.states += pools[i]
         self.layers = [pools[i] for i in range(args.num_layers)]
 
@@ -217,9 +222,12 @@ class KVCache:
                 src, dst = copy
                 data[:, :, :, dst].copy_(data[:, :, :, src])
         if len(copies) > 2 and copies[2] is not None:
-            src, dst = copies[2]
-            for pool in self.states:
-                pool[dst].copy_(pool[src])
+            self.copy_state(*copies[2])
+
+    def copy_state(self, src, dst):
+        """One slot's recurrent and conv states into another, every linear-attention layer."""
+        for pool in self.states:
+            pool[dst].copy_(pool[src])
 
     @property
     def scratch_state(self):

@@ -17,7 +17,7 @@ from rosefast.engine.sampling_params import SamplingParams
 from rosefast.engine.scheduler import Scheduler
 from rosefast.engine.sequence import Sequence, SequenceStatus
 from rosefast.engine.speculation import Speculator
-from rosefast.engine.state_slots import StateSlots
+from rosefast.engine.state_slots import StateCheckpoints, StateSlots
 from rosefast.engine.stand_in import StandInRunner
 from rosefast.engine.window_blocks import WindowBlocks
 from rosefast.errors import EngineDeadError
@@ -70,15 +70,20 @@ class LLMEngine:
         kv = self.runner.kv
         window = WindowBlocks(kv.window_blocks, self.config.block_size, self.args.sliding_window,
                               kv.window_counted) if kv.window_blocks else None
-        # a model with linear attention: a state slot per sequence; no prefix-cache hit (it would skip the state's
-        # past: rosefast.engine.state_slots) and no speculation (a rejected proposal would stay in the state)
+        # a model with linear attention: a state slot per sequence; prefix-cache hits only where a saved state
+        # follows the hit (rosefast.engine.state_slots), and no speculation (a rejected proposal would stay in the
+        # state)
         hybrid = bool(getattr(kv, "states", None))
-        if hybrid and (self.config.enable_prefix_cache or self.config.speculative != "off"):
-            log.info("linear-attention layers keep a recurrent state per sequence: the prefix cache and speculative "
-                     "decoding are off for this model")
+        saved = StateCheckpoints(kv.state_slots + 1, kv.state_checkpoints, self.config.state_checkpoint_tokens) \
+            if hybrid and kv.state_checkpoints else None
+        if hybrid:
+            log.info("linear-attention layers keep a recurrent state per sequence: prefix-cache hits %s; speculative "
+                     "decoding off", f"from states saved every {self.config.state_checkpoint_tokens} tokens"
+                     if saved is not None else "off (no saved states)")
         self.block_manager = BlockManager(kv.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_cache and not hybrid, window=window,
-                                          states=StateSlots(kv.state_slots) if hybrid else None)
+                                          self.config.enable_prefix_cache and (not hybrid or saved is not None),
+                                          window=window, states=StateSlots(kv.state_slots) if hybrid else None,
+                                          checkpoints=saved)
         self.scheduler = Scheduler(self.config, self.block_manager)
         self.seqs = {}
         self._before_step = before_step
@@ -179,7 +184,10 @@ class LLMEngine:
                 "kv_window_blocks_used": window.num_used_blocks if window is not None else 0,
                 "kv_window_blocks_total": window.num_blocks if window is not None else 0,
                 "state_slots_used": 0 if bm.states is None else bm.states.num_slots - bm.states.num_free,
-                "state_slots_total": 0 if bm.states is None else bm.states.num_slots, "prefix_cache_hits": bm.hits,
+                "state_slots_total": 0 if bm.states is None else bm.states.num_slots,
+                "state_checkpoints_saved": 0 if bm.checkpoints is None else bm.checkpoints.saved,
+                "state_checkpoint_hits": 0 if bm.checkpoints is None else bm.checkpoints.restored,
+                "prefix_cache_hits": bm.hits,
                 "prefix_cache_misses": bm.misses, "prefix_cache_evictions": bm.evictions,
                 "preemptions": sched.preemptions, "steps": self.steps, "running": len(sched.running),
                 "waiting": len(sched.waiting), "sequences": len(self.seqs), "forks": self.forks,
@@ -236,9 +244,11 @@ class LLMEngine:
         if self.block_manager.window is not None:
             for seq, n in zip(step.seqs, step.chunks):
                 self.block_manager.prepare(seq, seq.num_cached + n)
+        saves = self._state_saves(step) if step.is_prefill and self.block_manager.checkpoints is not None \
+            else [()] * len(step.seqs)
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table,
-                           seq.cache_salt is LONG_ROPE, seq.window_table, seq.state_slot)
-                  for seq, n in zip(step.seqs, step.chunks)]
+                           seq.cache_salt is LONG_ROPE, seq.window_table, seq.state_slot, save)
+                  for seq, n, save in zip(step.seqs, step.chunks, saves)]
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
             else range(len(step.seqs))   # every decoding sequence samples
         full = {i for i, s in enumerate(step.seqs) if s.wants_prompt_logprobs} if step.is_prefill else None
@@ -250,6 +260,8 @@ class LLMEngine:
         for seq, n in zip(step.seqs, step.chunks):
             seq.num_cached += n
             self.block_manager.commit(seq)
+            if seq.state_saves:   # (a save no committed block took)
+                self.block_manager.release_saves(seq)
         if not sampling:
             return []
         if len(sampling) < len(step.seqs):   # a chunked prefill in the step: only the finished rows sample
@@ -267,6 +279,26 @@ class LLMEngine:
         tokens, logprobs = self._sample(logits, seqs, allowed)
         outputs = [self._commit_row(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
         return [out for out in outputs if out is not None]
+
+    def _state_saves(self, step):
+        """A prefill step of a model whose linear-attention states are saved: each sequence's state copied in from
+        the saved one its prefix hit ends at (before the step runs), and slots reserved for the states this step
+        reaches at every `every`-th token; per sequence the SeqInput's (offset in its new tokens, slot) saves."""
+        kv, saved = self.runner.kv, self.block_manager.checkpoints
+        for seq in step.seqs:
+            if seq.state_restore is not None:
+                kv.copy_state(seq.state_restore, seq.state_slot)
+                seq.state_restore = None
+        out = []
+        for seq, n in zip(step.seqs, step.chunks):
+            start = seq.num_cached
+            for at in range((start // saved.every + 1) * saved.every, start + n + 1, saved.every):
+                slot = saved.reserve()
+                if slot is None:
+                    break
+                seq.state_saves.append((at, slot))
+            out.append([(at - start, slot) for at, slot in seq.state_saves])
+        return out
 
     def _commit_row(self, seq, token, lp):
         """_commit for one row of a step: None where the row failed (alone) or its token was refused."""

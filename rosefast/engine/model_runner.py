@@ -26,6 +26,8 @@ class SeqInput:
     long_rope: bool = False   # a long-RoPE sequence past the switch: its RoPE takes the long factors (rope_index)
     window_table: list = None  # the sliding-window layers' blocks, when they have a pool of their own
     state_slot: int = None     # its linear-attention layers' state slot (None: the pools' scratch one)
+    state_saves: list = ()     # (token offset in token_ids, checkpoint slot): its state after that many new tokens,
+                               # saved there (rosefast.engine.state_slots.StateCheckpoints)
 
 
 def served_context(max_model_len, args):
@@ -55,10 +57,10 @@ class ModelRunner:
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
         self.workspace = GatherWorkspace()   # the torch twin's decode gather buffers, passed in each step's metadata
         self.sampler = Sampler(self.args.vocab_size, self.device)
-        slots, reserved = plan_state_slots(config, self.args, self.dtype, self.device)
+        slots, saved, reserved = plan_state_slots(config, self.args, self.dtype, self.device)
         blocks, window, counted = plan_blocks(config, self.args, self.dtype, self.device, self.profile,
                                               self.max_blocks_per_seq, reserved)
-        self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window, counted, slots)
+        self.kv = KVCache(self.args, blocks, self.block_size, self.dtype, self.device, window, counted, slots, saved)
         self.graphs = None
         if self.device.type == "cuda" and config.cuda_graph and loaded is None and getattr(self.model, "graph_safe", True):
             from rosefast.engine.cuda_graph import DecodeGraphs
@@ -153,6 +155,7 @@ class ModelRunner:
         if self.kv.states:
             meta.state_slots = [self._state_slot(s) for s in seqs]
             meta.state_fresh = [s.start == 0 for s in seqs]
+            meta.state_saves = [s.state_saves for s in seqs]
         return flat[:T], flat[T:2 * T], meta, (flat[3 * T:3 * T + R] if R else None)
 
     def _state_slot(self, seq):

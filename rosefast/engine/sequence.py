@@ -10,7 +10,7 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
-                 "window_table", "state_slot", "num_cached", "num_hashed_blocks", "last_hash", "finish_reason", "stop_ids",
+                 "window_table", "state_slot", "state_restore", "state_saves", "num_cached", "num_hashed_blocks", "last_hash", "finish_reason", "stop_ids",
                  "scheduled_at", "seed", "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens",
                  "cache_salt", "speculation")
 
@@ -23,6 +23,8 @@ class Sequence:
         self.block_table = []
         self.window_table = []       # the sliding-window layers' blocks, when they have a pool (window_blocks)
         self.state_slot = None       # its recurrent state's slot, in a model with linear attention (state_slots)
+        self.state_restore = None    # a checkpoint slot its state starts from (a prefix hit), until copied
+        self.state_saves = []        # (position, checkpoint slot): states this step's prefill saves for it
         self.num_cached = 0          # tokens whose K/V are in the cache (prefix hits included)
         self.num_hashed_blocks = 0   # leading full blocks registered in the prefix cache
         self.last_hash = None        # the chain hash of the last of them (the next block's chain goes on from it)

@@ -53,12 +53,19 @@ class DeltaNet(nn.Module):
         recurrent, tails = states
         if meta.is_prefill:
             outs, start = [], 0
-            for n, slot, fresh in zip(meta.query_lens, meta.state_slots, meta.state_fresh):
+            for n, slot, fresh, saves in zip(meta.query_lens, meta.state_slots, meta.state_fresh, meta.state_saves):
                 tail = tails[slot].zero_() if fresh else tails[slot]
                 state = recurrent[slot].zero_() if fresh else recurrent[slot]
-                for at in range(start, start + n, PIECE):   # the tail and the state carried from piece to piece
-                    rows = slice(at, min(at + PIECE, start + n))
+                cuts = sorted({*range(PIECE, n, PIECE), *(at for at, _ in saves), n})
+                saved = dict(saves)
+                at = 0
+                for cut in cuts:   # the tail and the state carried from piece to piece
+                    rows = slice(start + at, start + cut)
                     outs.append(self._sequence(self._conv(mixed[rows], tail), g[rows], beta[rows], state, ops))
+                    if cut in saved:   # a checkpoint: the state and tail after this many of the new tokens
+                        recurrent[saved[cut]].copy_(state)
+                        tails[saved[cut]].copy_(tail)
+                    at = cut
                 start += n
             core = outs[0] if len(outs) == 1 else torch.cat(outs)
         else:

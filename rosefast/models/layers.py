@@ -55,6 +55,7 @@ class AttentionMetadata:
     window: object = None               # the sliding-window layers' own (their pool's slots and tables), if they have one
     state_slots: object = None          # linear attention: each sequence's state slot (prefill a list, decode a [B] tensor)
     state_fresh: list = None            # linear attention, prefill: whether each sequence starts from its first token
+    state_saves: list = None            # linear attention, prefill: each sequence's (token offset, slot) states to save
 
 
 def rope_inv_freq(args, long=False):
