@@ -48,6 +48,22 @@ def read_hf_state_dict(path):
     raise ModelError(f"{path} has no weights (*.safetensors or pytorch_model.bin)")
 
 
+def text_model_weights(hf):
+    """A multimodal checkpoint's text model's weights under the text model's names (`model.language_model.` ->
+    `model.`; the lm_head as it is), the vision tower's left out (logged)."""
+    text, left = {}, 0
+    for name, tensor in hf.items():
+        if name.startswith("model.language_model."):
+            text["model." + name[len("model.language_model."):]] = tensor
+        elif name.startswith("lm_head."):
+            text[name] = tensor
+        else:
+            left += 1
+    if left:
+        log.info("a multimodal checkpoint served as text: %d tensors of its vision tower left out", left)
+    return text
+
+
 def _unfilled(module):
     """The weights still on the meta device (left in the GGUF): [(submodule, its name in `module`)] — layer linears,
     and the embedding or lm_head where their blocks were left too."""
@@ -66,6 +82,8 @@ def load_model(model, dtype=torch.float32, device="cpu", lean=False):
     cls, convert = ARCHES[args.arch]
     _, left = left_in_gguf(resolved.path)
     hf = read_hf_state_dict(resolved.path)
+    if getattr(FAMILIES.get(resolved.model_type), "text_of", None) is not None:
+        hf = text_model_weights(hf)
     hf.update({name: torch.empty(shape, device="meta") for name, shape in left.items()})
     with torch.device("meta"):
         module = cls(args)

@@ -243,3 +243,15 @@ def test_saved_states_past_their_number_are_dropped_least_recently_used(next_mod
     # the 40-token prompt's saved states were dropped for the 21-token one's (at 8 and 16): its repeat starts at 16
     assert engine.stats()["state_checkpoint_hits"] == 1 and engine.seqs == {}
     _all_slots_back(engine)
+
+
+def test_a_multimodal_checkpoint_is_served_as_its_text_model(default_model, caplog):
+    """Qwen3.5 as published (its text model under model.language_model., a vision tower beside it): the vision
+    tower's tensors are left out with a log line, and the text model is what runs (its logits: TINY_VARIANTS)."""
+    import logging
+
+    model = tiny_random("qwen3_5")
+    with caplog.at_level(logging.INFO, logger="rosefast.engine"):
+        runner = runner_for(model)
+    assert any("vision tower left out" in r.getMessage() for r in caplog.records)
+    assert runner.args.family == "qwen3_5_text" and runner.args.linear_layers == (0, 1, 2)

@@ -53,6 +53,9 @@ TINY_VARIANTS = {
     "qwen3_next-hybrid-moe": ("qwen3_next", {}),
     "qwen3_5-hybrid-dense": ("qwen3_5_text", {}),
     "qwen3_5_moe-hybrid": ("qwen3_5_moe_text", {}),
+    # as published: the text model inside a multimodal checkpoint (its vision tower left out), untied head
+    "qwen3_5-multimodal-checkpoint": ("qwen3_5", {}),
+    "qwen3_5_moe-multimodal-checkpoint": ("qwen3_5_moe", {}),
     # windows the prompts and decode steps cross (attention over each layer's last 8 positions)
     "mistral-window-binds": ("mistral", {"sliding_window": 8}),
     "phi3-partial-rotary": ("phi3", {"partial_rotary_factor": 0.5}),

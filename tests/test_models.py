@@ -119,7 +119,7 @@ def test_unsupported_architecture_lists_the_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ModelError, match=r"Unsupported architecture 'bert'.*supported: llama, qwen2, qwen3, mistral, phi3, gemma3_text, gpt2, smollm3, qwen3_moe, qwen2_moe, mixtral, olmoe, "
-                       r"qwen3_next, qwen3_5_text, qwen3_5_moe_text"):
+                       r"qwen3_next, qwen3_5_text, qwen3_5_moe_text, qwen3_5, qwen3_5_moe"):
         resolve_model(str(tmp_path))
     with pytest.raises(ModelError, match="Unsupported architecture 'mamba'"):
         tiny_random("mamba")
@@ -131,7 +131,8 @@ def test_hf_directory_resolves_to_itself(tiny_llama):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "qwen3_moe",
-                                  "qwen2_moe", "mixtral", "olmoe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"])
+                                  "qwen2_moe", "mixtral", "olmoe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
+                                  "qwen3_5", "qwen3_5_moe"])
 def test_tiny_random_uses_real_tokenizer_and_runs(arch, default_model):
     tiny = tiny_random(arch)
     assert tiny.model_type == arch
@@ -156,7 +157,7 @@ def test_tiny_random_is_deterministic_by_seed(tmp_path, default_model):
     assert not torch.equal(a["model.layers.0.mlp.up_proj.weight"], c["model.layers.0.mlp.up_proj.weight"])
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral", "phi3", "gemma3_text", "olmoe", "qwen3_next", "qwen3_5_text"])
+@pytest.mark.parametrize("family", ["qwen3", "mistral", "phi3", "gemma3_text", "olmoe", "qwen3_next", "qwen3_5"])
 def test_a_family_directory_is_served_over_http_as_hugging_face_generates(default_model, family):
     """A model directory of each newer family through a real gunicorn: its greedy completion is Hugging Face's
     own greedy generation, token for token."""

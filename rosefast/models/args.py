@@ -87,6 +87,14 @@ def model_args_from_config(config):
     model_type = config.get("model_type")
     check_architecture(model_type, "config.json")
     family = FAMILIES[model_type]
+    if family.text_of is not None:   # a multimodal checkpoint: its text model's config; whether the head is tied is
+        # the whole model's (transformers ties by the top level's), an eos the text model's or else the top level's
+        text = dict(config["text_config"], model_type=family.text_of)
+        if "tie_word_embeddings" in config:
+            text["tie_word_embeddings"] = config["tie_word_embeddings"]
+        if text.get("eos_token_id") is None and config.get("eos_token_id") is not None:
+            text["eos_token_id"] = config["eos_token_id"]
+        return model_args_from_config(text)
     if family.read_args is not None:
         return ModelArgs(**family.read_args(config), eos_token_ids=_eos(config), family=model_type)
     hidden = config["hidden_size"]

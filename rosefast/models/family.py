@@ -19,6 +19,9 @@ class Family:
                              # the MLP), embeddings x sqrt(hidden), tanh-GELU, attention scale from
                              # query_pre_attn_scalar, local (sliding) layers with their own RoPE base
     reasoning: tuple = ()    # (opening, closing) tag of the reasoning block its chat models write first
+    text_of: str = None      # a multimodal checkpoint served as text: the model_type of its text model, whose config
+                             # is its `text_config` and whose weights are under `model.language_model.` (the vision
+                             # tower's are left out, with a log line)
     # its config
     args_fields: object = None   # config dict -> {ModelArgs field: value} beyond the common reading ("rope": the
                                  # (theta, scaling) pair, where the common reading of RoPE does not fit)

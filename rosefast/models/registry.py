@@ -10,7 +10,8 @@ ModelArgs the model code keys on, never its name.
 """
 from rosefast.errors import ModelError
 from rosefast.models.families import (gemma3, gpt2, llama, mistral, mixtral, olmoe, phi3, qwen2, qwen2_moe, qwen3,
-                                     qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next, smollm3)
+                                     qwen3_5, qwen3_5_moe, qwen3_5_moe_multimodal, qwen3_5_multimodal, qwen3_moe,
+                                     qwen3_next, smollm3)
 
 FAMILIES = {f.model_type: f for f in (
     llama.FAMILY,
@@ -28,6 +29,8 @@ FAMILIES = {f.model_type: f for f in (
     qwen3_next.FAMILY,
     qwen3_5.FAMILY,
     qwen3_5_moe.FAMILY,
+    qwen3_5_multimodal.FAMILY,
+    qwen3_5_moe_multimodal.FAMILY,
 )}
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)

@@ -14,6 +14,10 @@ def _config(arch, vocab_size, special, overrides):
     import transformers
 
     family = FAMILIES[arch]
+    if family.text_of is not None:   # a multimodal checkpoint's: the vocabulary and the overrides are its text model's
+        text = dict(family.tiny["text_config"], vocab_size=vocab_size, **special)
+        text.update(overrides)
+        return getattr(transformers, family.hf_config)(**dict(family.tiny, text_config=text))
     kwargs = dict(family.tiny, vocab_size=vocab_size, **special)
     kwargs.update(overrides)
     return getattr(transformers, family.hf_config)(**kwargs)
@@ -38,7 +42,7 @@ def build_tiny(dest, arch, seed, overrides, tokenizer_dir):
     """Write a tiny random `arch` model (weights from `seed`) and the tokenizer of `tokenizer_dir` into dest."""
     import torch
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -46,7 +50,9 @@ def build_tiny(dest, arch, seed, overrides, tokenizer_dir):
     config = _config(arch, len(tokenizer), special, overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        # (a multimodal checkpoint's family: its whole model, vision tower and all, as it is published)
+        auto = AutoModelForImageTextToText if FAMILIES[arch].text_of is not None else AutoModelForCausalLM
+        model = auto.from_config(config, dtype=torch.float32)
         if FAMILIES[arch].tiny_random_norms:   # norms initialized to ones would hide a weight applied wrongly
             with torch.no_grad():
                 for name, p in model.named_parameters():
