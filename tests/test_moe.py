@@ -198,3 +198,12 @@ def test_the_experts_twin_computes_what_the_compiled_call_does():
         tier.experts(x, quant_ops.impl.ExpertWeights(
             [quant_ops.impl.Weights(p, None, H) for p in gate_up], [quant_ops.impl.Weights(p, None, I) for p in down]),
             order[:5], counts, route_w, k)
+
+
+def test_a_mixtral_gguf_as_llama_cpp_writes_it_is_refused_by_name(tmp_path, default_model):
+    """llama.cpp writes Mixtral under the `llama` architecture with its experts: not served from a GGUF yet, and
+    said so (not a Llama without its MLP, nor a stack trace)."""
+    path = tmp_path / "mixtral.gguf"
+    write_gguf(path, tiny_random("mixtral"), lambda name: T.F32)
+    with pytest.raises(ModelError, match=r"Mixtral as llama.cpp writes it \(`llama` with 8 experts"):
+        resolve_model(str(path))
