@@ -27,6 +27,9 @@
 #   E       benches.decode_step on CUDA (ours vs Hugging Face's forward)
 #   G       pytest tests/test_moe.py + the MoE families of tests/test_model_runner.py on CUDA (device=auto):
 #           routed experts as torch's grouped matmul (bf16, sm90) against the loop and Hugging Face
+#   H       pytest tests/test_hybrid.py + the hybrid families of tests/test_model_runner.py on CUDA (device=auto):
+#           the Gated DeltaNet's torch twin (chunked prefill, batched decode step) and the state slots, saved
+#           states and forks against each sequence alone and Hugging Face
 # DEVCHECK_ONLY="B F C D E" runs those stages alone (a rerun inside what is left of a lease)
 # Files in $OUT (<= 8): device_check.log, summary.txt, env.txt, tests.log, equality.json,
 #                       throughput.json, attention.json
@@ -724,6 +727,7 @@ run_stage "D attention microbench" 75 "$PY" "$WORK/attention.py"
 pytest_stage "A3 tests test_engine (on CUDA via auto)" 90 tests/test_engine.py
 run_stage "E decode step, ours vs HF on CUDA" 60 "$PY" -m benches.decode_step --device cuda --dtypes bfloat16 --batches 1,32,256 --contexts 1024 --steps 10
 pytest_stage "G mixtures of experts on CUDA (grouped matmul, no host sync)" 90 tests/test_moe.py tests/test_model_runner.py -k "moe or mixtral or olmoe or expert"
+pytest_stage "H hybrid attention on CUDA (Gated DeltaNet, state slots)" 90 tests/test_hybrid.py tests/test_model_runner.py -k "hybrid or multimodal or prefill or prompt or schedules or slot or preempt or abort or fork or state"
 
 # ------------------------------------------------------------------------------------------------
 # summary

@@ -94,7 +94,11 @@ class DeltaNet(nn.Module):
         """A decode step's rows x [B, C], each after its slot's tail (updated) -> [B, C]."""
         window = torch.cat((tails.index_select(0, slots).to(x.dtype), x[:, None]), dim=1)   # [B, K, C]
         tails.index_copy_(0, slots, window[:, 1:].to(tails.dtype))
-        return F.silu((window.float() * self.conv.float().t()[None]).sum(1)).to(x.dtype)
+        weight = self.conv.float()   # (K multiply-adds: a sum over the window's dim 1 took ~0.4 ms a layer)
+        out = window[:, 0].float() * weight[:, 0]
+        for j in range(1, weight.shape[1]):
+            out.add_(window[:, j].float() * weight[:, j])
+        return F.silu(out).to(x.dtype)
 
     # -- the delta rule -------------------------------------------------------------------------------------------
 
