@@ -201,7 +201,8 @@ class KVCache:
         pools = {i: (self.data[j, 0], self.data[j, 1]) for j, i in enumerate(full)}
         pools.update({i: (self.window_data[j, 0], self.window_data[j, 1]) for j, i in enumerate(windowed)})
         self.state_slots, self.state_checkpoints = state_slots, state_checkpoints
-        self.states = []   # each linear-attention layer's recurrent states [slots + 1, Hv, dk, dv] and conv tails
+        # each linear-attention layer's recurrent states [slots + 1 + checkpoints, Hv, dk, dv] (fp32) and conv tails
+        self.states = []
         if linear:
             from rosefast.models.delta_net import state_shapes
 

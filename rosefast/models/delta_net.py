@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-
 # a prefill's tokens PIECE at a time through the conv and the rule: the fp32 temporaries of a 4k-token prompt at
 # Qwen3.6's 8,192 channels were 128 MB each, page-faulted afresh per op (2.3x the whole layer's state work)
 PIECE = 256
@@ -44,8 +42,8 @@ class DeltaNet(nn.Module):
 
     def forward(self, h, meta, states, ops):
         """h: the normed residual rows [T, hidden] -> the mixer's output [T, hidden]; states: this layer's (recurrent
-        [slots + 1, Hv, dk, dv] fp32, conv tails [slots + 1, K - 1, channels]) pools, updated in place; ops: the
-        layer's kernels (rosefast.kernels.layer_ops)."""
+        [pool slots, Hv, dk, dv] fp32, conv tails [pool slots, K - 1, channels]) pools, updated in place (a prefill
+        also saves the states meta.state_saves names); ops: the layer's kernels (rosefast.kernels.layer_ops)."""
         mixed, z = self.qkvz.forward(h).split((self.conv_size, self.value_size), dim=-1)
         b, a = self.ba.forward(h).split(self.v_heads, dim=-1)
         beta = b.sigmoid()
