@@ -15,9 +15,6 @@ def embedding(rows, width):
     return torch.nn.Embedding(rows, width, _weight=torch.empty(rows, width))
 
 
-LINEARS = ("qkv", "o", "gate_up", "down")   # a dense layer's linears (fused q|k|v and gate|up), by their names
-
-
 def layer_linears(args, i):
     """The paths (within layer i) of the linears the block kernels may run: its token mixer's (q|k|v and o, and a
     gated attention's gate; a Gated DeltaNet's q|k|v|z and output projections: rosefast.models.delta_net), then its
