@@ -47,6 +47,21 @@ SHAPES = {   # (family, the Hugging Face config's own numbers: the vocabulary as
                                   norm_topk_prob=False, num_hidden_layers=16, num_attention_heads=16,
                                   num_key_value_heads=16, rope_theta=10000.0, rms_norm_eps=1e-5,
                                   tie_word_embeddings=False, max_position_embeddings=4096, initializer_range=0.02)),
+    # Qwen3.6-35B-A3B (Qwen3.5-MoE's text model): 3 Gated DeltaNet layers (16 k / 32 v heads of 128) to 1 gated full
+    # attention (16 / 2 heads of 256, RoPE on a quarter); 256 experts, top-8 + a shared one, each 512 wide
+    "qwen3.6-35b-a3b": ("qwen3_5_moe_text", dict(hidden_size=2048, intermediate_size=512, moe_intermediate_size=512,
+                                                 shared_expert_intermediate_size=512, num_experts=256,
+                                                 num_experts_per_tok=8, num_hidden_layers=40, num_attention_heads=16,
+                                                 num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+                                                 linear_num_value_heads=32, linear_key_head_dim=128,
+                                                 linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                                                 layer_types=None, full_attention_interval=4,
+                                                 rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                                                  "partial_rotary_factor": 0.25,
+                                                                  "mrope_section": [11, 11, 10],
+                                                                  "mrope_interleaved": True},
+                                                 tie_word_embeddings=False, max_position_embeddings=8192,
+                                                 initializer_range=0.02)),
     "gemma3-1b": ("gemma3_text", dict(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,   # 22 local
                                       num_attention_heads=4, num_key_value_heads=1, head_dim=256,   # layers on a
                                       sliding_window=512, query_pre_attn_scalar=256,   # window

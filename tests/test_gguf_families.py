@@ -182,16 +182,17 @@ def test_a_file_served_from_its_blocks_converts_without_its_linears_and_loads_as
     assert lean.embed.weight.is_meta and (args.tie_word_embeddings or lean.lm_head.weight.is_meta)
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_moe", "qwen3_5_moe_text"])
 def test_a_qwen3_gguf_is_served_over_http_as_hugging_face_generates(tmp_path, family):
-    """The most downloaded families from a file (dense, and a mixture of experts), through a real gunicorn (the
-    file converted here first, the server finding it in the cache by the file): its greedy completion is Hugging
-    Face's own greedy generation on the directory it was written from."""
+    """The most downloaded families from a file (dense, a mixture of experts, Qwen3.6's hybrid attention MoE:
+    tests/test_hybrid_gguf.py), through a real gunicorn (the file converted here first, the server finding it in
+    the cache by the file): its greedy completion is Hugging Face's own greedy generation on the directory it was
+    written from."""
     import requests
 
     from tests.serving import Server, tiny_env
 
-    model = tiny_random(family, **FAMILY_FILES[family])
+    model = tiny_random(family, **FAMILY_FILES.get(family, {}))
     path = tmp_path / f"{family}.f32.gguf"
     write_gguf(path, model, lambda name: T.F32)
     assert resolve_model(str(path)).converted

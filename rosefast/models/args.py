@@ -50,6 +50,8 @@ class ModelArgs:
     linear_k_dim: int = 0
     linear_v_dim: int = 0
     linear_conv: int = 0         # the causal conv's kernel width
+    linear_v_tiled: bool = False  # the v heads in llama.cpp's tiled order (v head j reads k head j % k heads; a
+                                  # checkpoint's group k head j // (v heads / k heads)'s v heads together)
     attn_gate: bool = False      # full attention's output times sigmoid of a gate projection (Qwen3-Next)
     norm_offset: bool = False    # RMSNorm weights stored as offsets from one: x * (1 + w) (Qwen3-Next, Gemma)
 

@@ -23,12 +23,15 @@ PIECE = 256
 
 class DeltaNet(nn.Module):
     """One Gated DeltaNet token mixer. Its projections, in our order: qkvz = q|k|v|z rows (the q and k heads', then
-    the v heads' and their output gates'), ba = b|a rows (one per v head); the conv's channels are q|k|v."""
+    the v heads' and their output gates'), ba = b|a rows (one per v head); the conv's channels are q|k|v. The v
+    heads go by k head (a checkpoint's order) or tiled (a GGUF's: args.linear_v_tiled), in every per-v-head weight
+    alike (v, z, b, a rows, A_log, dt_bias, conv channels, out's columns), so only which k head each reads differs."""
 
     def __init__(self, args):
         super().__init__()
         self.k_heads, self.v_heads = args.linear_k_heads, args.linear_v_heads
         self.k_dim, self.v_dim = args.linear_k_dim, args.linear_v_dim
+        self.tiled = args.linear_v_tiled
         self.key_size, self.value_size = self.k_heads * self.k_dim, self.v_heads * self.v_dim
         self.conv_size = 2 * self.key_size + self.value_size
         self.eps = args.norm_eps
@@ -104,7 +107,10 @@ class DeltaNet(nn.Module):
         """q, k [n, Hv, dk] (L2-normed, fp32, q scaled; the k heads repeated for their v heads) and v [n, Hv, dv]."""
         q, k, v = x.float().split((self.key_size, self.key_size, self.value_size), dim=-1)
         rep = self.v_heads // self.k_heads
-        q, k = (t.view(t.shape[0], self.k_heads, self.k_dim).repeat_interleave(rep, dim=1) for t in (q, k))
+        if self.tiled:   # v head j reads k head j % k_heads (llama.cpp's order), else j // rep (a checkpoint's)
+            q, k = (t.view(t.shape[0], self.k_heads, self.k_dim).repeat(1, rep, 1) for t in (q, k))
+        else:
+            q, k = (t.view(t.shape[0], self.k_heads, self.k_dim).repeat_interleave(rep, dim=1) for t in (q, k))
         q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * self.k_dim ** -0.5
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
         return q, k, v.view(v.shape[0], self.v_heads, self.v_dim)

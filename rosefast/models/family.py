@@ -33,6 +33,9 @@ class Family:
     gguf_read_as: str = None     # the architecture transformers' GGUF reader is shown (one it knows, with the
                                  # same tensors), where it does not know this one
     gguf_fixes: object = None    # (GGUF metadata reader, config dict) -> the config fields the file's reading lacks
+    gguf_tensors: object = None  # where transformers' reader has no names for the file's tensors: an object naming
+                                 # them (beside gguf's map of the file's own architecture) and undoing what the
+                                 # converter did to them (rosefast.models.families.linear_gguf.LinearTensors)
     # its tiny random model (tests)
     hf_config: str = None        # transformers' config class
     tiny: dict = None            # the tiny model's config

@@ -72,10 +72,19 @@ def _linear_names(family, moe=False, shared=False):
     return {**attention, **experts}
 
 
+#: a Gated DeltaNet layer's linears (rosefast.models.delta_net) as the hybrid families' files hold them: q|k|v and z
+#: apart, the output projection (its b and a rows are read dense: two a v head)
+DELTA_NET = {"delta_qkv": "attn_qkv", "delta_z": "attn_gate", "delta_out": "ssm_out"}
+
+
 def _layer_names(tensors, family, i):
-    """Layer i's linears as _linear_names gives them, a mixture of experts where the file has experts there"""
+    """Layer i's linears as _linear_names gives them, a mixture of experts where the file has experts there, a
+    Gated DeltaNet's in place of attention's where the file has one there"""
     moe = f"blk.{i}.ffn_gate_exps.weight" in tensors
-    return _linear_names(family, moe, moe and f"blk.{i}.ffn_gate_shexp.weight" in tensors)
+    names = _linear_names(family, moe, moe and f"blk.{i}.ffn_gate_shexp.weight" in tensors)
+    if f"blk.{i}.ssm_out.weight" in tensors:
+        names = {**DELTA_NET, **{k: v for k, v in names.items() if not v.startswith("attn_")}}
+    return names
 
 
 EMBEDDING = "token_embd.weight"   # the GGUF's embedding table
@@ -160,11 +169,12 @@ def gguf_blocks(path, args, pack=None, sink=None):
                 parts[short] = t
                 continue
             part = _unpacked(t, kinds)
+            if short == "q" and args.attn_gate:   # each head's q rows then its gate's: the gate apart
+                part, parts["q_gate"] = (_rows(part, r) for r in _gated_q_rows(args))
             if short in rows:
-                part = (part[0], tuple(x[rows[short]] for x in part[1]))
+                part = _rows(part, rows[short])
             parts[short] = part
-        qkv = [parts["qkv"]] if family.fused_weights else _merge([parts[x] for x in "qkv"])
-        layer, packed = {"qkv": qkv, "o": [parts["o"]]}, {}
+        layer, packed = _mixer(parts, args, family), {}
         if "gate_exps" in parts:   # a mixture of experts (rosefast.models.moe): each expert's gate|up and down,
             for e in range(args.num_experts):   # packed as it is unpacked (one expert's integers held at a time)
                 gate, up, down = (_unpacked(parts[x], kinds, e) for x in ("gate_exps", "up_exps", "down_exps"))
@@ -188,6 +198,30 @@ def gguf_blocks(path, args, pack=None, sink=None):
     if _own_embedding(tensors, kinds, args.tie_word_embeddings):
         done("embed", [pack(*_unpacked(tensors[EMBEDDING], kinds))], tensors[EMBEDDING])
     return layers
+
+
+def _mixer(parts, args, family):
+    """A layer's token-mixer linears under our names: q|k|v (fused, or joined) and o, a gated attention's gate;
+    or a Gated DeltaNet's q|k|v|z and output."""
+    if "delta_qkv" in parts:
+        return {"linear_attn.qkvz": _merge([parts["delta_qkv"], parts["delta_z"]]),
+                "linear_attn.out": [parts["delta_out"]]}
+    mixer = {"qkv": [parts["qkv"]] if family.fused_weights else _merge([parts[x] for x in "qkv"]), "o": [parts["o"]]}
+    if args.attn_gate:
+        mixer["attn_gate"] = [parts["q_gate"]]
+    return mixer
+
+
+def _gated_q_rows(args):
+    """(the q rows, the gate rows) of a gated attention's q projection, which holds each head's q then its gate"""
+    d = args.head_dim
+    q = (torch.arange(args.num_heads)[:, None] * 2 * d + torch.arange(d)).reshape(-1)
+    return q, q + d
+
+
+def _rows(part, rows):
+    fmt, blocks = part
+    return fmt, tuple(x[rows] for x in blocks)
 
 
 def _unpacked(tensor, kinds, expert=None):

@@ -126,7 +126,14 @@ def _state_without(gguf, config, skip):
     reader = gguf_package.GGUFReader(str(gguf))
     architecture = hf_gguf.read_field(reader, "general.architecture")[0]
     processor = hf_gguf.TENSOR_PROCESSORS.get(architecture, hf_gguf.TensorProcessor)(config=parsed["config"])
-    names = hf_gguf.get_gguf_hf_weights_map(skeleton, processor)
+    family = FAMILIES[config.model_type]
+    own = family.gguf_tensors   # a file transformers' reader does not know: named by gguf's map of its own arch
+    if own is None:
+        names = hf_gguf.get_gguf_hf_weights_map(skeleton, processor)
+    else:
+        as_dict = config.to_dict()
+        names = {**hf_gguf.get_gguf_hf_weights_map(skeleton, processor, model_type=family.gguf_architecture),
+                 **own.names(as_dict)}
     state, left = {}, {}
     parsed["tensors"] = state
     for tensor in reader.tensors:
@@ -139,10 +146,11 @@ def _state_without(gguf, config, skip):
             left[names[tensor.name]] = [int(x) for x in reversed(tensor.shape)]
             continue
         weights = gguf_package.dequantize(tensor.data, tensor.tensor_type)
-        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
-                                   parsed_parameters=parsed)
-        if result.name in names:
-            state[names[result.name]] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
+        undone = [(tensor.name, weights)] if own is None else own.undo(tensor.name, weights, as_dict)
+        for name, weights in undone:
+            result = processor.process(weights=weights, name=name, tensor_key_mapping=names, parsed_parameters=parsed)
+            if result.name in names:
+                state[names[result.name]] = torch.from_numpy(np.array(result.weights, dtype=np.float32))
     return state, left
 
 
@@ -180,8 +188,8 @@ def convert_gguf(gguf, dest):
         skip = block_linears(GGUFFile(gguf).tensors, FAMILIES[config.model_type], config.num_hidden_layers,
                              getattr(config, "tie_word_embeddings", False))
         left = {}
-        if skip:
-            state, left = _state_without(gguf, config, set(skip))
+        if skip or FAMILIES[config.model_type].gguf_tensors is not None:   # (transformers cannot read the latter)
+            state, left = _state_without(gguf, config, set(skip or ()))
         else:
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, config=config, dtype=torch.float32, **kwargs)
             state = model.state_dict()

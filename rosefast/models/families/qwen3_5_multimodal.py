@@ -9,5 +9,6 @@ VISION = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hi
 
 FAMILY = replace(
     qwen3_5.FAMILY, model_type="qwen3_5", label="Qwen3.5/3.6 (the published multimodal checkpoint, as text)",
+    gguf_arch=None, gguf_read_as=None, gguf_fixes=None, gguf_tensors=None,   # (never a GGUF)
     text_of="qwen3_5_text", hf_config="Qwen3_5Config", tiny=dict(text_config=qwen3_5.FAMILY.tiny, vision_config=VISION),
 )

@@ -1,11 +1,12 @@
 """Qwen3-Next (80B-A3B) as Qwen3-MoE with hybrid attention: three of every four layers a Gated DeltaNet (linear
 attention over a recurrent state per sequence, rosefast.models.delta_net) in place of attention; the fourth full
 attention with its output gated by a sigmoid (q_proj holds each head's q then its gate), RoPE on a quarter of each
-head; every RMSNorm x * (1 + w); a shared expert beside the routed ones. Served from a Hugging Face directory (its
-GGUF, `qwen3next`, not yet: such a file is refused as an architecture not served)."""
+head; every RMSNorm x * (1 + w); a shared expert beside the routed ones. Served from a Hugging Face directory and
+from its GGUF (`qwen3next`: rosefast.models.families.linear_gguf)."""
 from dataclasses import replace
 
 from rosefast.models.families import qwen3_moe
+from rosefast.models.families.linear_gguf import TILED, LinearTensors, gguf_linear_fixes
 from rosefast.models.families.moe_keys import moe_fields
 
 
@@ -18,13 +19,15 @@ def linear_fields(config):
     return {"linear_layers": tuple(i for i, t in enumerate(types) if t == "linear_attention"),
             "linear_k_heads": config["linear_num_key_heads"], "linear_v_heads": config["linear_num_value_heads"],
             "linear_k_dim": config["linear_key_head_dim"], "linear_v_dim": config["linear_value_head_dim"],
-            "linear_conv": config.get("linear_conv_kernel_dim") or 4, "attn_gate": True, "norm_offset": True}
+            "linear_conv": config.get("linear_conv_kernel_dim") or 4, "attn_gate": True, "norm_offset": True,
+            "linear_v_tiled": bool(config.get(TILED))}
+
 
 
 FAMILY = replace(
     qwen3_moe.FAMILY, model_type="qwen3_next", label="Qwen3-Next (hybrid attention, 80B-A3B)",
-    args_fields=lambda config: {**moe_fields(config), **linear_fields(config)}, gguf_arch=None, gguf_fixes=None,
-    hf_config="Qwen3NextConfig",
+    args_fields=lambda config: {**moe_fields(config), **linear_fields(config)}, gguf_arch="qwen3next", gguf_read_as="qwen3moe",
+    gguf_fixes=gguf_linear_fixes, gguf_tensors=LinearTensors(), hf_config="Qwen3NextConfig",
     # 3 DeltaNet layers : 1 full; 2 k heads, 4 v heads; 8 experts, top-2, a shared expert. Weights drawn at 0.04, not
     # 0.1 as for the other families: at 0.1 the DeltaNet's gated norms amplify rounding so much that Hugging Face's own
     # fp32 forward is 4e-4 off its fp64 one (at 0.04: 2e-5, ours as close), below what a 1e-4 check can tell
