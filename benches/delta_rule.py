@@ -4,8 +4,8 @@
 
 Qwen3.6-35B-A3B's linear-attention layer (hidden 2048; 16 k heads and 32 v heads of 128; conv 4), its projections
 left out (they are linears like any other: the block kernels' business): for a decode step of B rows, the conv
-step, the delta rule's update and readout and the gated norm — on the compiled kernels (csrc/delta_rule.h) and on
-torch's ops (the twin) — timed against the bytes the step must move (each row's fp32 state read and written: 2 MiB
+step, the delta rule's update and readout and the gated norm — on the compiled kernels (one call:
+csrc/delta_decode.h) and on torch's ops (the twin) — timed against the bytes the step must move (each row's fp32 state read and written: 2 MiB
 each way per layer, at the machine's read bandwidth, benches.quantized.bandwidth_gb_s); for a prompt, the same work
 over its tokens: C's per-head recurrence against the twin's chunked form.
 """
@@ -19,7 +19,7 @@ from rosefast.kernels import layer_ops
 from rosefast.models.delta_net import PIECE, DeltaNet
 
 QWEN36_35B = SimpleNamespace(hidden_size=2048, linear_k_heads=16, linear_v_heads=32, linear_k_dim=128,
-                             linear_v_dim=128, linear_conv=4, norm_eps=1e-6)
+                             linear_v_dim=128, linear_conv=4, norm_eps=1e-6, linear_v_tiled=False)
 
 
 def _net(dtype):
@@ -43,18 +43,18 @@ def _best(fn, rounds=5):
 
 
 def decode_step(net, rows, ops):
-    """Seconds of one decode step's state work for `rows` rows (each its own slot), on the kernels `ops`."""
+    """Seconds of one decode step's state work for `rows` rows (each its own slot), on the kernels `ops`: the
+    layer's delta_decode after its projections (the compiled one: one call, csrc/delta_decode.h)."""
     dtype = net.norm.dtype
     recurrent = torch.randn(rows + 1, net.v_heads, net.k_dim, net.v_dim) * 0.1
     tails = torch.randn(rows + 1, QWEN36_35B.linear_conv - 1, net.conv_size).to(dtype)
     slots = torch.arange(rows)
-    mixed = torch.randn(rows, net.conv_size).to(dtype)
-    z = torch.randn(rows, net.value_size).to(dtype)
-    g, beta = -torch.rand(rows, net.v_heads), torch.rand(rows, net.v_heads).to(dtype)
+    proj = torch.randn(rows, net.conv_size + net.value_size).to(dtype)
+    ba = torch.randn(rows, 2 * net.v_heads).to(dtype)
 
     def step():
-        x = net._conv_step(mixed, tails, slots)
-        net._gated_norm(net._step(x, g, beta, recurrent, slots, ops).to(dtype), z)
+        ops.delta_decode(proj, ba, net.conv, tails, recurrent, slots, net.A_log, net.dt_bias, net.norm, net.eps,
+                         net.k_heads, net.tiled)
 
     with torch.no_grad():
         return _best(step)
@@ -73,7 +73,8 @@ def prefill(net, n, ops):
         for at in range(0, n, PIECE):
             rows = slice(at, min(at + PIECE, n))
             x = net._conv(mixed[rows], tail)
-            net._gated_norm(net._sequence(x, g[rows], beta[rows], state, ops).to(dtype), z[rows])
+            layer_ops.reference.gated_rms_norm(net._sequence(x, g[rows], beta[rows], state, ops).to(dtype), z[rows],
+                                               net.norm, net.eps)
 
     with torch.no_grad():
         return _best(run, rounds=2)

@@ -63,6 +63,38 @@ def test_the_compiled_delta_step_is_the_twins(rows, heads, dk, dv):
         _layer_ops_c.delta_step(pool, slots, q, k, v[:, :1], g, beta)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows, k_heads, v_heads, dk, dv, tiled", [(1, 2, 4, 8, 12, False), (5, 2, 4, 8, 12, True),
+                                                                   (3, 16, 32, 128, 128, True), (4, 3, 3, 16, 40, False)])
+def test_the_compiled_decode_step_is_the_twins(rows, k_heads, v_heads, dk, dv, tiled, dtype):
+    """A DeltaNet's whole decode step after its projections in one C call (the conv's step over each row's tail, the
+    q/k norms of each v head's k head — grouped or tiled —, the gates, the rule, the gated norm) against the twin's
+    torch ops: the outputs, every row's state and tail in its slot, the slots no row names untouched; the
+    projections are column slices of wider outputs (their rows apart), as the layer's split gives them."""
+    from rosefast.kernels import _layer_ops_c
+
+    gen = torch.Generator().manual_seed(rows)
+    channels, width = 2 * k_heads * dk + v_heads * dv, 4
+    pool = torch.randn(rows + 3, v_heads, dk, dv, generator=gen) * 0.3
+    tails = (torch.randn(rows + 3, width - 1, channels, generator=gen)).to(dtype)
+    slots = torch.randperm(rows + 3, generator=gen)[:rows]
+    proj = torch.randn(rows, channels + v_heads * dv + 5, generator=gen).to(dtype)[:, 2:-3]
+    ba = torch.randn(rows, 2 * v_heads + 1, generator=gen).to(dtype)[:, 1:]
+    conv = (torch.randn(channels, width, generator=gen) * 0.5).to(dtype)
+    A_log, dt_bias = (torch.randn(v_heads, generator=gen).to(dtype) for _ in range(2))
+    norm = torch.rand(dv, generator=gen).add(0.5).to(dtype)
+    weights = (conv, A_log, dt_bias, norm, 1e-6, k_heads, tiled)
+    want_pool, want_tails = pool.clone(), tails.clone()
+    want = layer_ops.reference.delta_decode(proj, ba, weights[0], want_tails, want_pool, slots, *weights[1:])
+    got = _layer_ops_c.delta_decode(proj, ba, weights[0], tails, pool, slots, *weights[1:])
+    loose = dtype == torch.bfloat16   # (the twin rounds to bf16 between its ops; C once, at the end)
+    torch.testing.assert_close(got.float(), want.float(), atol=3e-2 if loose else 1e-5, rtol=3e-2 if loose else 1e-5)
+    torch.testing.assert_close(pool, want_pool, atol=2e-2 if loose else 1e-5, rtol=2e-2 if loose else 1e-5)
+    assert torch.equal(tails, want_tails)
+    with pytest.raises(ValueError, match="do not fit"):
+        _layer_ops_c.delta_decode(proj, ba, conv[1:], tails, pool, slots, *weights[1:])
+
+
 @pytest.mark.parametrize("n, heads, dk, dv", [(1, 4, 8, 12), (150, 4, 16, 24), (70, 32, 128, 128)])
 def test_the_compiled_delta_sequence_is_the_twins_chunked_form(n, heads, dk, dv):
     """A prefill's rule in C (each head's tokens in order) against the twin's chunks: outputs and final state."""

@@ -22,6 +22,12 @@ cdef extern from "delta_rule.h" nogil:
     void rf_delta_sequence(float *state, int64_t n, int64_t heads, int64_t dk, int64_t dv, const float *q,
                            const float *k, const float *v, const float *g, const float *beta, float *out)
 
+cdef extern from "delta_decode.h" nogil:
+    void rf_delta_decode(const void *proj, int64_t row_stride, const void *ba, int64_t ba_stride, const void *conv,
+                         int64_t K, void *tails, float *pool, const int64_t *slots, int64_t rows, const void *A_log,
+                         const void *dt_bias, const void *norm, float eps, int64_t hk, int64_t hv, int64_t dk,
+                         int64_t dv, int tiled, int bf16, float *x, void *out)
+
 rf_set_attention_limit(attention_isa_limit())   # the tier ROSEFAST_CPU_KERNELS forces, this module's copy
 
 FOLLOWS_CONTEXT = True     # decode reads each row's blocks in place, up to its context length
@@ -188,6 +194,49 @@ def delta_step(pool, slots, q, k, v, g, beta):
     with nogil:
         rf_delta_step(<float *>pp, <const int64_t *>ps, b, h, dk, dv, <const float *>pq, <const float *>pk,
                       <const float *>pv, <const float *>pg, <const float *>pb, <float *>po)
+    return out
+
+
+cdef inline uintptr_t _rows_ptr(t, dtype, int64_t rows, int64_t width, str name) except 0:
+    """A [rows, width] CPU tensor of `dtype` whose rows may be apart (a slice of a wider projection's output)"""
+    if (t.dtype is not dtype or not t.is_cpu or t.dim() != 2 or tuple(t.shape) != (rows, width)
+            or t.stride(1) != 1):
+        raise ValueError(f"{name}: expected a CPU {dtype} tensor [{rows}, {width}] of unit column stride, got "
+                         f"{t.dtype} {tuple(t.shape)} on {t.device}")
+    return <uintptr_t>t.data_ptr()
+
+
+def delta_decode(proj, ba, conv, tails, pool, slots, A_log, dt_bias, norm, float eps, int64_t k_heads, bint tiled):
+    """A Gated DeltaNet's decode step after its projections (csrc/delta_decode.h): proj [B, C + Hv dv] (q|k|v, the
+    conv's C channels, then z), ba [B, 2 Hv] (b then a); the conv [C, K] over each row's tail in `tails` [slots,
+    K - 1, C] (updated), each row's recurrent state in `pool` [slots, Hv, dk, dv] (fp32, updated) at `slots` [B];
+    A_log, dt_bias [Hv], the gated norm's weight [dv] -> out [B, Hv dv], in proj's dtype (fp32 or bf16, which the
+    weights and tails share)."""
+    if pool.dim() != 4 or conv.dim() != 2 or tails.dim() != 3 or slots.dim() != 1:
+        raise ValueError(f"delta_decode: shapes pool {tuple(pool.shape)}, conv {tuple(conv.shape)}, tails "
+                         f"{tuple(tails.shape)}, slots {tuple(slots.shape)}")
+    cdef int64_t b = slots.shape[0], hv = pool.shape[1], dk = pool.shape[2], dv = pool.shape[3], K = conv.shape[1]
+    cdef int64_t c = 2 * k_heads * dk + hv * dv
+    if (k_heads <= 0 or hv % k_heads or tuple(conv.shape) != (c, K) or tuple(tails.shape[1:]) != (K - 1, c)
+            or tuple(A_log.shape) != (hv,) or tuple(dt_bias.shape) != (hv,) or tuple(norm.shape) != (dv,)):
+        raise ValueError(f"delta_decode: conv {tuple(conv.shape)}, tails {tuple(tails.shape)}, A_log "
+                         f"{tuple(A_log.shape)}, dt_bias {tuple(dt_bias.shape)}, norm {tuple(norm.shape)} do not "
+                         f"fit {k_heads} k heads and a state of {tuple(pool.shape[1:])}")
+    if dk > RF_DELTA_MAX_DV or dv > RF_DELTA_MAX_DV:
+        raise ValueError(f"delta_decode: heads of {dk} x {dv} > {RF_DELTA_MAX_DV}")
+    dt = proj.dtype
+    cdef int bf16 = _is_bf16(proj)
+    cdef uintptr_t pp = _rows_ptr(proj, dt, b, c + hv * dv, "proj"), pa = _rows_ptr(ba, dt, b, 2 * hv, "ba")
+    cdef int64_t row_stride = proj.stride(0), ba_stride = ba.stride(0)
+    x = torch.empty((b, c), dtype=F32)
+    out = torch.empty((b, hv * dv), dtype=dt)
+    cdef uintptr_t pc = _ptr(conv, dt, "conv"), pt = _ptr(tails, dt, "tails"), pl = _ptr(pool, F32, "pool")
+    cdef uintptr_t ps = _ptr(slots, I64, "slots"), pA = _ptr(A_log, dt, "A_log"), pd = _ptr(dt_bias, dt, "dt_bias")
+    cdef uintptr_t pn = _ptr(norm, dt, "norm"), px = _ptr(x, F32, "x"), po = _ptr(out, dt, "out")
+    with nogil:
+        rf_delta_decode(<const void *>pp, row_stride, <const void *>pa, ba_stride, <const void *>pc, K,
+                        <void *>pt, <float *>pl, <const int64_t *>ps, b, <const void *>pA, <const void *>pd,
+                        <const void *>pn, eps, k_heads, hv, dk, dv, tiled, bf16, <float *>px, <void *>po)
     return out
 
 

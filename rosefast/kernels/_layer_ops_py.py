@@ -188,6 +188,65 @@ def delta_step(pool, slots, q, k, v, g, beta):
     return torch.bmm(q.reshape(b * h, 1, dk), rows).view(b, h, dv)
 
 
+def delta_gates(b, a, A_log, dt_bias):
+    """(beta [T, Hv] in b's dtype, the log-decay g [T, Hv] fp32 <= 0) of a DeltaNet's b and a rows"""
+    return b.sigmoid(), -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+
+
+def conv_step(x, weight, tails, slots):
+    """A decode step's conv inputs x [B, C], each after its slot's tail in `tails` [slots, K - 1, C] (updated), through
+    the conv `weight` [C, K] and SiLU -> [B, C] in x's dtype: K multiply-adds in fp32 (a sum over the window's dim 1
+    took ~0.4 ms a layer)."""
+    window = torch.cat((tails.index_select(0, slots).to(x.dtype), x[:, None]), dim=1)   # [B, K, C]
+    tails.index_copy_(0, slots, window[:, 1:].to(tails.dtype))
+    weight = weight.float()
+    out = window[:, 0].float() * weight[:, 0]
+    for j in range(1, weight.shape[1]):
+        out.add_(window[:, j].float() * weight[:, j])
+    return F.silu(out).to(x.dtype)
+
+
+def delta_heads(x, k_heads, k_dim, v_heads, v_dim, tiled):
+    """q, k [n, Hv, dk] (L2-normed, fp32, q scaled by 1/sqrt(dk); each v head's k head: j % k_heads when `tiled`,
+    llama.cpp's order, else j // (Hv / k_heads)) and v [n, Hv, dv] of the conv's output x [n, q|k|v]."""
+    key = k_heads * k_dim
+    q, k, v = x.float().split((key, key, v_heads * v_dim), dim=-1)
+    rep = v_heads // k_heads
+    if tiled:
+        q, k = (t.view(t.shape[0], k_heads, k_dim).repeat(1, rep, 1) for t in (q, k))
+    else:
+        q, k = (t.view(t.shape[0], k_heads, k_dim).repeat_interleave(rep, dim=1) for t in (q, k))
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * k_dim ** -0.5
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    return q, k, v.view(v.shape[0], v_heads, v_dim)
+
+
+def gated_rms_norm(core, z, weight, eps):
+    """Each v head's output core [T, Hv, dv] RMS-normed over dv (in fp32, weighted in core's dtype), times SiLU(z)
+    -> [T, Hv dv]"""
+    shape = core.shape
+    x = core.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    x = weight * x.to(core.dtype)
+    z = z.reshape(shape)
+    return (x * F.silu(z.float())).to(core.dtype).reshape(shape[0], -1)
+
+
+def delta_decode(proj, ba, conv, tails, pool, slots, A_log, dt_bias, norm, eps, k_heads, tiled):
+    """A Gated DeltaNet's decode step after its projections: proj [B, C + Hv dv] (q|k|v, the conv's C channels, then
+    z), ba [B, 2 Hv] (b then a); the conv [C, K] over each row's tail in `tails` (updated), the delta rule on each
+    row's state in `pool` [slots, Hv, dk, dv] (fp32, updated) at `slots` [B]; A_log, dt_bias [Hv], the gated norm's
+    weight [dv] -> out [B, Hv dv] in proj's dtype. The compiled flavour runs it as one call
+    (csrc/delta_decode.h)."""
+    hv, dk, dv = pool.shape[1:]
+    mixed, z = proj.split((conv.shape[0], hv * dv), dim=-1)
+    b, a = ba.split(hv, dim=-1)
+    beta, g = delta_gates(b, a, A_log, dt_bias)
+    q, k, v = delta_heads(conv_step(mixed, conv, tails, slots), k_heads, dk, hv, dv, tiled)
+    core = delta_step(pool, slots, q, k, v.contiguous(), g.contiguous(), beta.float().contiguous())
+    return gated_rms_norm(core.to(proj.dtype), z, norm, eps)
+
+
 DELTA_CHUNK = 64   # tokens per chunk of delta_sequence's chunked form
 
 

@@ -20,6 +20,7 @@ from rosefast.device import upload
 
 from rosefast.kernels._layer_ops_py import (  # noqa: F401 (the flavour's API)
     decode_shapes,
+    delta_decode,
     delta_sequence,
     delta_step,
     gelu_tanh_mul,

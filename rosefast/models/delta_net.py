@@ -6,7 +6,8 @@ query:
 
     S <- exp(g) S;   delta = beta (v - S^T k);   S <- S + k delta^T;   o = S^T q        (q, k L2-normed; q / sqrt(d_k))
 
-A decode step runs that update once for every row (the kernels' delta_step: rosefast.kernels.layer_ops). A prefill
+A decode step runs the conv's step, that update and the gated norm once for every row in one call (the kernels'
+delta_decode: rosefast.kernels.layer_ops; the compiled one csrc/delta_decode.h). A prefill
 runs a sequence's tokens from the state its slot holds when the sequence was computed before (a later chunk of a
 chunked prefill), else from zeros (delta_sequence: torch's twin in the chunked form, C as each head's recurrence
 with its state cache-resident). The states live beside the paged KV cache
@@ -15,6 +16,8 @@ with its state cache-resident). The states live beside the paged KV cache
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from rosefast.kernels.layer_ops import reference
 
 # a prefill's tokens PIECE at a time through the conv and the rule: the fp32 temporaries of a 4k-token prompt at
 # Qwen3.6's 8,192 channels were 128 MB each, page-faulted afresh per op (2.3x the whole layer's state work)
@@ -47,33 +50,31 @@ class DeltaNet(nn.Module):
         """h: the normed residual rows [T, hidden] -> the mixer's output [T, hidden]; states: this layer's (recurrent
         [pool slots, Hv, dk, dv] fp32, conv tails [pool slots, K - 1, channels]) pools, updated in place (a prefill
         also saves the states meta.state_saves names); ops: the layer's kernels (rosefast.kernels.layer_ops)."""
-        mixed, z = self.qkvz.forward(h).split((self.conv_size, self.value_size), dim=-1)
-        b, a = self.ba.forward(h).split(self.v_heads, dim=-1)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)      # [T, Hv], <= 0
+        proj, ba = self.qkvz.forward(h), self.ba.forward(h)
         recurrent, tails = states
-        if meta.is_prefill:
-            outs, start = [], 0
-            for n, slot, fresh, saves in zip(meta.query_lens, meta.state_slots, meta.state_fresh, meta.state_saves):
-                tail = tails[slot].zero_() if fresh else tails[slot]
-                state = recurrent[slot].zero_() if fresh else recurrent[slot]
-                cuts = sorted({*range(PIECE, n, PIECE), *(at for at, _ in saves), n})
-                saved = dict(saves)
-                at = 0
-                for cut in cuts:   # the tail and the state carried from piece to piece
-                    rows = slice(start + at, start + cut)
-                    outs.append(self._sequence(self._conv(mixed[rows], tail), g[rows], beta[rows], state, ops))
-                    if cut in saved:   # a checkpoint: the state and tail after this many of the new tokens
-                        recurrent[saved[cut]].copy_(state)
-                        tails[saved[cut]].copy_(tail)
-                    at = cut
-                start += n
-            core = outs[0] if len(outs) == 1 else torch.cat(outs)
-        else:
-            slots = meta.state_slots
-            x = self._conv_step(mixed, tails, slots)
-            core = self._step(x, g, beta, recurrent, slots, ops)
-        return self.out.forward(self._gated_norm(core.to(h.dtype), z))
+        if not meta.is_prefill:   # the conv step, the rule and the gated norm in one call
+            core = ops.delta_decode(proj, ba, self.conv, tails, recurrent, meta.state_slots, self.A_log, self.dt_bias,
+                                    self.norm, self.eps, self.k_heads, self.tiled)
+            return self.out.forward(core)
+        mixed, z = proj.split((self.conv_size, self.value_size), dim=-1)
+        beta, g = reference.delta_gates(*ba.split(self.v_heads, dim=-1), self.A_log, self.dt_bias)   # g [T, Hv] <= 0
+        outs, start = [], 0
+        for n, slot, fresh, saves in zip(meta.query_lens, meta.state_slots, meta.state_fresh, meta.state_saves):
+            tail = tails[slot].zero_() if fresh else tails[slot]
+            state = recurrent[slot].zero_() if fresh else recurrent[slot]
+            cuts = sorted({*range(PIECE, n, PIECE), *(at for at, _ in saves), n})
+            saved = dict(saves)
+            at = 0
+            for cut in cuts:   # the tail and the state carried from piece to piece
+                rows = slice(start + at, start + cut)
+                outs.append(self._sequence(self._conv(mixed[rows], tail), g[rows], beta[rows], state, ops))
+                if cut in saved:   # a checkpoint: the state and tail after this many of the new tokens
+                    recurrent[saved[cut]].copy_(state)
+                    tails[saved[cut]].copy_(tail)
+                at = cut
+            start += n
+        core = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return self.out.forward(reference.gated_rms_norm(core.to(h.dtype), z, self.norm, self.eps))
 
     # -- the causal conv: each channel's last K inputs, weighted, then SiLU --------------------------------------
 
@@ -91,50 +92,13 @@ class DeltaNet(nn.Module):
         tail.copy_(padded[-(k - 1):])
         return F.silu(out).to(x.dtype)
 
-    def _conv_step(self, x, tails, slots):
-        """A decode step's rows x [B, C], each after its slot's tail (updated) -> [B, C]."""
-        window = torch.cat((tails.index_select(0, slots).to(x.dtype), x[:, None]), dim=1)   # [B, K, C]
-        tails.index_copy_(0, slots, window[:, 1:].to(tails.dtype))
-        weight = self.conv.float()   # (K multiply-adds: a sum over the window's dim 1 took ~0.4 ms a layer)
-        out = window[:, 0].float() * weight[:, 0]
-        for j in range(1, weight.shape[1]):
-            out.add_(window[:, j].float() * weight[:, j])
-        return F.silu(out).to(x.dtype)
-
     # -- the delta rule -------------------------------------------------------------------------------------------
-
-    def _heads(self, x):
-        """q, k [n, Hv, dk] (L2-normed, fp32, q scaled; the k heads repeated for their v heads) and v [n, Hv, dv]."""
-        q, k, v = x.float().split((self.key_size, self.key_size, self.value_size), dim=-1)
-        rep = self.v_heads // self.k_heads
-        if self.tiled:   # v head j reads k head j % k_heads (llama.cpp's order), else j // rep (a checkpoint's)
-            q, k = (t.view(t.shape[0], self.k_heads, self.k_dim).repeat(1, rep, 1) for t in (q, k))
-        else:
-            q, k = (t.view(t.shape[0], self.k_heads, self.k_dim).repeat_interleave(rep, dim=1) for t in (q, k))
-        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * self.k_dim ** -0.5
-        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-        return q, k, v.view(v.shape[0], self.v_heads, self.v_dim)
-
-    def _step(self, x, g, beta, recurrent, slots, ops):
-        """One token of each row from its slot's state (updated in place) -> [B, Hv, dv] fp32: the kernels'
-        delta_step (rosefast.kernels.layer_ops; the compiled one: csrc/delta_rule.h)."""
-        q, k, v = self._heads(x)
-        return ops.delta_step(recurrent, slots, q, k, v.contiguous(), g.contiguous(), beta.float().contiguous())
 
     def _sequence(self, x, g, beta, state, ops):
         """One sequence's n tokens from `state` [Hv, dk, dv] (updated in place) -> [n, Hv, dv] fp32: the kernels'
         delta_sequence (the torch twin's chunked form; the compiled one's per-head recurrence in C)."""
-        q, k, v = self._heads(x)
+        q, k, v = reference.delta_heads(x, self.k_heads, self.k_dim, self.v_heads, self.v_dim, self.tiled)
         return ops.delta_sequence(state, q, k, v.contiguous(), g.contiguous(), beta.float().contiguous())
-
-    def _gated_norm(self, core, z):
-        """Each v head's output RMS-normed over dv (in fp32, weighted in the input's dtype), times SiLU(z)."""
-        shape = core.shape
-        x = core.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        x = self.norm * x.to(core.dtype)
-        z = z.reshape(shape)
-        return (x * F.silu(z.float())).to(core.dtype).reshape(shape[0], -1)
 
 
 def delta_net_state_dict(hf, prefix, args, interleaved):
