@@ -113,7 +113,10 @@ def test_a_block_file_is_served_from_its_blocks_as_its_dequantized_weights_compu
     dequantized_copy(path, twin)
     dense = _scored(LLMEngine(model=resolve_model(str(twin)), dtype="float32", kv_cache_tokens=1024,
                               quantization="none"), ids)
-    assert (ours - dense).abs().max() < 0.02
+    if deltanet.linear_attn.qkvz.kernels is not None:   # our block kernels: the file's numbers as they lie
+        assert (ours - dense).abs().max() < 0.02
+    else:   # ROSEFAST_CPU_KERNELS=torch: torch's weight-only ops, the blocks dequantized and quantized again to Q4_1
+        assert (ours - dense).abs().mean() < 0.2   # (these tiny hybrids drift 0.03-0.11 nats by it: as by int4 at load)
 
 
 @pytest.mark.parametrize("family", HYBRIDS)
