@@ -10,7 +10,7 @@ from rosefast.engine.model_runner import SeqInput
 from rosefast.engine.sampling_params import SamplingParams
 from rosefast.kernels import layer_ops
 from rosefast.models import delta_net
-from rosefast.sources import tiny_random
+from rosefast.sources import load_tokenizer, tiny_random
 from tests.paged import max_abs_diff, run_hf, run_ours
 from tests.test_engine import make_engine
 from tests.test_model_runner import load_hf_model, runner_for
@@ -287,3 +287,27 @@ def test_a_multimodal_checkpoint_is_served_as_its_text_model(default_model, capl
         runner = runner_for(model)
     assert any("vision tower left out" in r.getMessage() for r in caplog.records)
     assert runner.args.family == "qwen3_5_text" and runner.args.linear_layers == (0, 1, 2)
+
+
+@pytest.mark.parametrize("family, mode", [("qwen3_next", "int8"), ("qwen3_5_text", "int8"), ("qwen3_5_text", "int4")])
+def test_a_hybrid_directory_quantized_at_load_stays_near_hugging_face(family, mode):
+    """int8 / int4 at load quantize every linear the block kernels run — the DeltaNet's q|k|v|z and output (its b|a
+    rows stay dense), the gated attention's q|k|v, o and gate, the MLP or the experts — and the prompt's
+    loglikelihoods stay near Hugging Face's fp32 ones (int8: tests/test_quant.py's 0.03 nats a token; int4 moves
+    these tiny hybrids' numbers by ~0.1, their gated norms amplifying rounding)."""
+    from rosefast.models.quantized import _TiledLinear
+    from tests.test_hybrid_gguf import _scored
+    from tests.test_quant import TEXT
+
+    model = tiny_random(family)
+    engine = make_engine(model, quantization=mode)
+    served = engine.runner.model
+    deltanet, attention = served.layers[0], served.layers[3]
+    assert all(isinstance(x, _TiledLinear) for x in (deltanet.linear_attn.qkvz, deltanet.linear_attn.out,
+                                                     attention.qkv, attention.o, attention.attn_gate))
+    assert not isinstance(deltanet.linear_attn.ba, _TiledLinear)
+    ids = load_tokenizer(model)(TEXT).input_ids
+    with torch.no_grad():
+        logits = load_hf_model(model)(torch.tensor([ids])).logits[0]
+    want = torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert abs((_scored(engine, ids) - want).mean()) < (0.03 if mode == "int8" else 0.2)
