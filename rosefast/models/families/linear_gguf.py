@@ -25,9 +25,8 @@ from rosefast.models.families.moe_keys import gguf_moe_fixes
 #: k head; rosefast.models.families.qwen3_next.linear_fields reads it)
 TILED = "linear_value_heads_tiled"
 
-#: llama.cpp's architecture -> (the model_type it is served as, its v heads tiled, shown to transformers as)
-ARCHES = {"qwen35": ("qwen3_5_text", True, "qwen3"), "qwen35moe": ("qwen3_5_moe_text", True, "qwen3moe"),
-          "qwen3next": ("qwen3_next", False, "qwen3moe")}
+#: llama.cpp's architecture -> (the model_type it is served as, whether its converter tiles the v heads)
+ARCHES = {"qwen35": ("qwen3_5_text", True), "qwen35moe": ("qwen3_5_moe_text", True), "qwen3next": ("qwen3_next", False)}
 
 
 def gguf_linear_fixes(reader, config, head_dim):
@@ -35,7 +34,7 @@ def gguf_linear_fixes(reader, config, head_dim):
     gets wrong: the family, the DeltaNet's heads and conv, which layers are linear, the partial rotary (and
     Qwen3.5's multimodal RoPE sections), the experts' widths, the MTP layers left out."""
     arch = reader.value("general.architecture")
-    model_type, tiled, _ = ARCHES[arch]
+    model_type, tiled = ARCHES[arch]
 
     def key(name, default=None):
         return reader.value(f"{arch}.{name}", default)
