@@ -116,9 +116,7 @@ def _delta_net(key, w, args):
         w = w[:, 0]
     if _tiled(args):
         keys = 2 * kh * dk
-        if key.endswith("in_proj_qkv.weight"):
-            w = torch.cat((w[:keys], _v_tiled(w[keys:], 0, args, dv)))
-        elif key.endswith("conv1d.weight"):
+        if key.endswith(("in_proj_qkv.weight", "conv1d.weight")):   # q|k rows / channels, then v's
             w = torch.cat((w[:keys], _v_tiled(w[keys:], 0, args, dv)))
         elif key.endswith("in_proj_z.weight"):
             w = _v_tiled(w, 0, args, dv)
