@@ -21,7 +21,8 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="print a completion of PROMPT")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default="smollm2-135m", help="smollm2-135m, a Hugging Face directory or a .gguf")
+    gen.add_argument("--model", default="smollm2-135m",
+                     help="smollm2-135m, a Hugging Face directory, a .gguf, or a hub name (owner/repo:Q4_K_M)")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), float32, bfloat16")
     gen.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")

@@ -51,7 +51,7 @@ HEAD_ALIASES = {"false": "none", "0": "none", "no": "none", "off": "none", "1": 
 
 @dataclass
 class EngineConfig:
-    model: str = "smollm2-135m"        # smollm2-135m, a Hugging Face directory, a .gguf path, or stand-in
+    model: str = "smollm2-135m"        # smollm2-135m, a directory, a .gguf path, a hub name (owner/repo:Q4_K_M), stand-in
     device: str = "auto"               # auto (cuda when present, else cpu), cpu, cuda, cuda:N
     dtype: str = "auto"                # auto, float32, bfloat16, float16
     block_size: int = 16               # tokens per KV cache block

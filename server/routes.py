@@ -4,6 +4,7 @@ answer written in its API's shape), POST /v1/messages/count_tokens, and GET /hea
 /metrics."""
 from flask import Blueprint, Response, current_app
 
+from rosefast.sources.progress import DOWNLOAD
 from server import messages_api, openai_api, responses_api, sse
 from server.auth import authorized
 from server.errors import json_response
@@ -33,7 +34,8 @@ def health():
             body["error"] = str(failure[1])
         return json_response(body, 503)
     if m is None or not m.ready:
-        return json_response({"status": "loading"}, 503)
+        download = DOWNLOAD.view()   # a model named by its hub name, being fetched (sources.hub)
+        return json_response({"status": "loading", **({"download": download} if download else {})}, 503)
     if state.draining:
         return json_response({"status": "draining"}, 503)
     return json_response({"status": "ok", "worker": state.config.worker_index})

@@ -145,19 +145,20 @@ def _tokenizer_fields():
     return tuple(fields)
 
 
-def write_gguf(path, model, kind_of, mtp=0):
+def write_gguf(path, model, kind_of, mtp=0, split_max_tensors=0):
     """Write tiny `model` (a ResolvedModel of a llama-module family) to `path`; kind_of(gguf tensor name) -> its
     GGMLQuantizationType (norms and RoPE factors are always F32). `mtp`: that many multi-token-prediction layers
     after the model's own, as the hybrids' converter appends a checkpoint's (`nextn_predict_layers`; here copies of
-    the last layer with a `nextn.eh_proj` each, which a server of the model itself never reads). Returns its
-    ModelArgs."""
+    the last layer with a `nextn.eh_proj` each, which a server of the model itself never reads).
+    `split_max_tensors`: a split file of that many tensors a part, as the converter's `--split-max-tensors` writes
+    it (`path`'s stem + `-00001-of-0000N.gguf` ...). Returns its ModelArgs."""
     import json
 
     args = load_model_args(model.path)
     config = json.loads((model.path / "config.json").read_text())
     hf = read_hf_state_dict(model.path)
     arch = FAMILIES[args.family].gguf_architecture   # as llama.cpp's converter writes the family
-    writer = gguf.GGUFWriter(str(path), arch)
+    writer = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     for key, value, vtype, sub_type in _tokenizer_fields():
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
     _metadata(writer, args, config, mtp)

@@ -11,10 +11,12 @@ the file (blocks, or dequantized where dense ones are asked for).
 """
 import copy
 import functools
+import itertools
 import sys
 from contextlib import contextmanager
 
 from rosefast.models.registry import FAMILIES, GGUF_READ_AS
+from rosefast.sources.gguf_file import split_parts
 from rosefast.sources.resolve import ModelError, check_architecture, write_marker
 
 
@@ -136,7 +138,8 @@ def _state_without(gguf, config, skip):
                  **own.names(as_dict)}
     state, left = {}, {}
     parsed["tensors"] = state
-    for tensor in reader.tensors:
+    others = [gguf_package.gguf_reader.GGUFReader(str(part)) for part in split_parts(gguf)[1:]]   # a split's
+    for tensor in itertools.chain(reader.tensors, *(other.tensors for other in others)):          # other parts
         if tensor.name in skip and tensor.name.endswith("_exps.weight"):   # experts [E, N, K], as transformers 5
             _left_expert(left, tensor)                                        # holds them (models.moe)
             continue
@@ -188,7 +191,8 @@ def convert_gguf(gguf, dest):
         skip = block_linears(GGUFFile(gguf).tensors, FAMILIES[config.model_type], config.num_hidden_layers,
                              getattr(config, "tie_word_embeddings", False))
         left = {}
-        if skip or FAMILIES[config.model_type].gguf_tensors is not None:   # (transformers cannot read the latter)
+        # (transformers reads neither a file of the latter nor a split file's other parts)
+        if skip or FAMILIES[config.model_type].gguf_tensors is not None or len(split_parts(gguf)) > 1:
             state, left = _state_without(gguf, config, set(skip or ()))
         else:
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, config=config, dtype=torch.float32, **kwargs)
@@ -201,7 +205,7 @@ def convert_gguf(gguf, dest):
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.save_pretrained(dest)
-        write_marker(dest, gguf=str(gguf), size=gguf.stat().st_size, left_in_gguf=left)
+        write_marker(dest, gguf=str(gguf), size=sum(p.stat().st_size for p in split_parts(gguf)), left_in_gguf=left)
         bar.update()
 
 

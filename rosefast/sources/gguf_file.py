@@ -7,10 +7,16 @@
 gguf's own reader builds a numpy array for every string of the vocabulary (~150k for Qwen3, seconds); this one
 steps over them, and keeps string arrays only as their length. Tensors are views of one read-only map of the
 file, shaped as gguf's reader shapes them (block types: uint8 rows of whole blocks).
+
+A split file (`NAME-00001-of-00003.gguf`, as `llama-gguf-split` and the converter's `--split-max-*` write it: the
+metadata in the first part, `split.*` keys in each, every tensor in one part) is opened from its first part: the
+tensors of every part, each a view of its own part's map.
 """
 import mmap
+import re
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -30,11 +36,103 @@ class Tensor:
     tensor_type: object   # gguf.GGMLQuantizationType
     shape: tuple          # innermost first, as the file lists it
     data: np.ndarray
-    offset: int = 0       # where its bytes are in the file
+    offset: int = 0       # where its bytes are in its file
+    part: int = 0         # which part of a split file holds it
+
+
+_PART = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def split_parts(path):
+    """The paths of the parts of the split GGUF whose first part is `path` (its name says how many), or [path]
+    for a file not named as a split's first part."""
+    path = Path(path)
+    named = _PART.match(path.name)
+    if named is None or int(named["no"]) != 1:
+        return [path]
+    count = int(named["count"])
+    return [path.with_name(f"{named['stem']}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+
+
+def architecture_in(head):
+    """`general.architecture` from the first bytes of a GGUF file (`head`: a prefix, as a ranged read gives it), or
+    None when those bytes end before it (or are not a GGUF's)."""
+    if head[:4] != b"GGUF" or len(head) < 24:
+        return None
+    (n_kv,) = struct.unpack_from("<Q", head, 16)
+    at = 24
+    try:
+        for _ in range(n_kv):
+            (n,) = struct.unpack_from("<Q", head, at)
+            key = head[at + 8:at + 8 + n].decode("utf-8", errors="replace")
+            (kind,) = struct.unpack_from("<I", head, at + 8 + n)
+            at += 12 + n
+            if kind == _STRING:
+                (n,) = struct.unpack_from("<Q", head, at)
+                if key == "general.architecture":
+                    value = head[at + 8:at + 8 + n]
+                    return value.decode("utf-8") if len(value) == n else None
+                at += 8 + n
+            elif kind in _SCALARS:
+                at += struct.calcsize(_SCALARS[kind])
+            else:   # an array (a vocabulary: the architecture comes before it in every converter's files)
+                return None
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return None
 
 
 class GGUFFile:
+    """A GGUF file's metadata (`fields`, `value`) and its tensors: of every part, for a split file's first part."""
+
     def __init__(self, path):
+        first = _Part(path, 0)
+        self.fields, self.tensors, self._parts = first.fields, dict(first.tensors), [first]
+        count = int(first.fields.get("split.count") or 1)
+        if count == 1:
+            return
+        if int(first.fields.get("split.no") or 0) != 0:
+            raise GGUFError(f"{path} is part {int(first.fields['split.no']) + 1} of {count} of a split GGUF: load "
+                            "the model from its first part (NAME-00001-of-0000N.gguf)")
+        paths = split_parts(path)
+        if len(paths) != count:
+            raise GGUFError(f"{path} is the first of {count} parts of a split GGUF but is not named as one "
+                            f"(NAME-00001-of-{count:05d}.gguf): the other parts cannot be found")
+        for k, part_path in enumerate(paths[1:], 1):
+            if not part_path.is_file():
+                raise GGUFError(f"{path} is the first of {count} parts of a split GGUF, and part {k + 1}, "
+                                f"{part_path.name}, is not beside it")
+            part = _Part(part_path, k)
+            if int(part.fields.get("split.no", -1)) != k or int(part.fields.get("split.count", -1)) != count:
+                raise GGUFError(f"{part_path} is not part {k + 1} of {count} of {path.name}'s split (its split keys "
+                                "say otherwise)")
+            self._parts.append(part)
+            self.tensors.update(part.tensors)
+        expected = first.fields.get("split.tensors.count")
+        if expected is not None and int(expected) != len(self.tensors):
+            raise GGUFError(f"{path}'s {count} parts hold {len(self.tensors)} tensors, not the {int(expected)} "
+                            "its split keys name")
+
+    @property
+    def paths(self):
+        """The file's path, or its parts' (a split file)."""
+        return [part.path for part in self._parts]
+
+    def value(self, key, default=None):
+        value = self.fields.get(key)
+        return default if value is None else value
+
+    def release(self, tensor):
+        """Let go of the pages of `tensor`'s bytes (read once, done with): they leave this process's resident memory
+        (the page cache keeps them; a later read faults them back in)."""
+        self._parts[tensor.part].release(tensor)
+
+
+class _Part:
+    """One file: its header walked, its tensors views of its map."""
+
+    def __init__(self, path, part):
+        self.path, self._part = Path(path), part
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         buf = self._map
@@ -59,10 +157,6 @@ class GGUFFile:
         align = int(self.fields.get("general.alignment") or 32)
         start = -(-self._at // align) * align
         self.tensors = {name: self._tensor(name, shape, kind, start + offset) for name, shape, kind, offset in infos}
-
-    def value(self, key, default=None):
-        value = self.fields.get(key)
-        return default if value is None else value
 
     def _unpack(self, fmt):
         values = struct.unpack_from(fmt, self._buf, self._at)
@@ -110,11 +204,9 @@ class GGUFFile:
         else:
             data = np.frombuffer(self._buf, np.uint8, rows * row_bytes, offset).reshape(
                 tuple(reversed(shape[1:])) + (row_bytes,))
-        return Tensor(name, tensor_type, tuple(int(x) for x in shape), data, offset)
+        return Tensor(name, tensor_type, tuple(int(x) for x in shape), data, offset, self._part)
 
     def release(self, tensor):
-        """Let go of the pages of `tensor`'s bytes (read once, done with): they leave this process's resident memory
-        (the page cache keeps them; a later read faults them back in)."""
         page = mmap.PAGESIZE
         start = tensor.offset // page * page
         end = tensor.offset + tensor.data.nbytes

@@ -34,10 +34,17 @@ def available_bytes():
 
 
 def check_fits(path):
-    """ModelError naming both sizes when the model file at `path` is larger than the memory available: its
-    weights are served from a copy of its blocks, so the file must fit."""
-    size, available = Path(path).stat().st_size, available_bytes()
+    """ModelError naming both sizes when the model file at `path` (with its other parts, a split file's first) is
+    larger than the memory available: its weights are served from a copy of its blocks, so the file must fit."""
+    from rosefast.sources.gguf_file import split_parts
+
+    check_size_fits(sum(p.stat().st_size for p in split_parts(path) if p.is_file()), repr(str(path)))
+
+
+def check_size_fits(size, what):
+    """check_fits for `size` bytes of model file called `what` (a file not yet downloaded: refused before it is)."""
+    available = available_bytes()
     if available is not None and size > available:
-        raise ModelError(f"{str(path)!r} is {size / 1e9:.1f} GB, more than the {available / 1e9:.1f} GB of memory "
+        raise ModelError(f"{what} is {size / 1e9:.1f} GB, more than the {available / 1e9:.1f} GB of memory "
                          "available here: serve a smaller quantization of it (Q4_K_M, Q4_0) or a smaller model, "
                          "or free memory")

@@ -83,9 +83,11 @@ def default_gguf_path():
 
 
 def _cache_key(gguf):
-    st = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return f"{gguf.stem}-{digest}"
+    from rosefast.sources.gguf_file import split_parts
+
+    parts = "|".join(f"{p.resolve()}|{p.stat().st_size}|{p.stat().st_mtime_ns}"
+                     for p in split_parts(gguf) if p.is_file())   # a split file: every part
+    return f"{gguf.stem}-{hashlib.sha256(parts.encode()).hexdigest()[:12]}"
 
 
 def atomic_cache_entry(name, build):
@@ -149,7 +151,8 @@ def left_in_gguf(path):
 
 
 def resolve_model(spec=DEFAULT_MODEL):
-    """Resolve `smollm2-135m`, a Hugging Face model directory or a .gguf path to a ResolvedModel."""
+    """Resolve `smollm2-135m`, a Hugging Face model directory, a .gguf path (a split file's first part) or a
+    model's hub name (sources.hub: fetched into the Hugging Face cache) to a ResolvedModel."""
     if spec is None or spec == "" or spec == DEFAULT_MODEL:
         gguf = default_gguf_path()
         path, made = atomic_cache_entry(_cache_key(gguf), lambda tmp: _convert(gguf, tmp))
@@ -162,15 +165,30 @@ def resolve_model(spec=DEFAULT_MODEL):
     path = Path(os.path.expanduser(str(spec)))
     looks_like_path = os.sep in str(spec) or str(spec).endswith(".gguf") or str(spec).startswith(".")
     if not path.exists():
-        if looks_like_path:
+        from rosefast.sources.hub_files import HubName
+
+        name = HubName.parse(spec)
+        if name is not None:   # a path that exists locally always wins over a hub name
+            from rosefast.sources.hub import fetch
+
+            path = fetch(name)
+        elif looks_like_path:
             raise ModelError(f"Model path {str(path)!r} does not exist")
-        raise ModelError(
-            f"Unknown model {spec!r}: use {DEFAULT_MODEL!r} (embedded), a Hugging Face model directory, "
-            f"a path to a .gguf file, or {STAND_IN!r} (no model, for sizing the frontend)"
-        )
+        else:
+            raise ModelError(
+                f"Unknown model {spec!r}: use {DEFAULT_MODEL!r} (embedded), a Hugging Face model directory, a path "
+                f"to a .gguf file, a hub name (owner/repo, owner/repo:Q4_K_M, @revision), or {STAND_IN!r} (no "
+                "model, for sizing the frontend)"
+            )
     if path.is_dir():
         return ResolvedModel(str(spec), path, "directory", _check_directory(path))
     if path.suffix == ".gguf":
+        from rosefast.sources.gguf_file import split_parts
+
+        missing = [p.name for p in split_parts(path) if not p.is_file()]
+        if missing:
+            raise ModelError(f"{str(path)!r} is the first part of a split GGUF, and {missing[0]} is not beside it: "
+                             "put every part in the same directory")
         check_fits(path)
         cached, made = atomic_cache_entry(_cache_key(path), lambda tmp: _convert(path, tmp))
         return ResolvedModel(str(spec), cached, "gguf", _read_model_type(cached), made)
