@@ -26,6 +26,7 @@ from rosefast.models.registry import FAMILIES
 from rosefast.models.quantized import check_mode, quantize_linears, quantizes, weight_bytes
 from rosefast.quant.tiles import dequantize_parts
 from rosefast.sources.resolve import STAND_IN, gguf_source, left_in_gguf, resolve_model  # noqa: F401 (the engine's)
+from rosefast.sources.progress import DOWNLOAD  # noqa: F401 (the serving layer's: a hub name's download)
 from rosefast.sources.tiles_cache import cached_tiles
 from rosefast.sources import load_tokenizer  # noqa: F401 (the engine's)
 

@@ -4,7 +4,6 @@ answer written in its API's shape), POST /v1/messages/count_tokens, and GET /hea
 /metrics."""
 from flask import Blueprint, Response, current_app
 
-from rosefast.sources.progress import DOWNLOAD
 from server import messages_api, openai_api, responses_api, sse
 from server.auth import authorized
 from server.errors import json_response
@@ -34,7 +33,7 @@ def health():
             body["error"] = str(failure[1])
         return json_response(body, 503)
     if m is None or not m.ready:
-        download = DOWNLOAD.view()   # a model named by its hub name, being fetched (sources.hub)
+        download = m.download if m is not None else None   # a model named by its hub name, being fetched
         return json_response({"status": "loading", **({"download": download} if download else {})}, 503)
     if state.draining:
         return json_response({"status": "draining"}, 503)

@@ -3,9 +3,10 @@ client calls, laid out and answered as the hub answers them, serving repositorie
 
     hub = LocalHub()                                          # started; hub.url for HF_ENDPOINT
     hub.add("tiny/llama", {"config.json": path, ...})         # a commit on main; returns its sha
-    hub.cut.add("model.safetensors")                          # the next transfer of it ends halfway
+    hub.cut.add("model.safetensors")                          # its next transfer (to its end) ends halfway
     hub.corrupt.add("model.safetensors")                      # served with one byte changed, its size unchanged
     hub.hold["x.gguf"] = threading.Event()                    # a transfer of it waits halfway until set
+    hub.ignore_range.add("x.gguf")                            # a ranged GET of it answered 200, the whole file
     hub.requests                                              # [(method, path, Range header)]
     hub.stop()
 
@@ -34,7 +35,7 @@ class LocalHub:
     def __init__(self, token="hf_test_token"):
         self.token = token
         self.repos = {}
-        self.cut, self.corrupt, self.hold = set(), set(), {}
+        self.cut, self.corrupt, self.hold, self.ignore_range = set(), set(), {}, set()
         self.requests = []
         self.connections = set()
         self._lock = threading.Lock()
@@ -54,11 +55,14 @@ class LocalHub:
         entry = self.repos.setdefault(repo, _Repo(gated))
         listed = {}
         for name, path in files.items():
-            data = Path(path).read_bytes()
-            lfs = name.endswith(LFS_SUFFIXES)
-            listed[name] = {"path": Path(path), "size": len(data), "lfs": lfs,
-                            "sha256": hashlib.sha256(data).hexdigest(),
-                            "blob": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
+            size = Path(path).stat().st_size
+            sha256, blob = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    sha256.update(chunk)
+                    blob.update(chunk)
+            listed[name] = {"path": Path(path), "size": size, "lfs": name.endswith(LFS_SUFFIXES),
+                            "sha256": sha256.hexdigest(), "blob": blob.hexdigest()}
         sha = hashlib.sha1(json.dumps([repo, branch, len(entry.commits), sorted(listed)]).encode()).hexdigest()
         entry.commits[sha] = listed
         entry.refs[branch] = sha
@@ -174,6 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         etag = f["sha256"] if f["lfs"] else f["blob"]
         start, end = 0, f["size"]
         ranged = self.headers.get("Range")
+        if name in self.owner.ignore_range:   # as a CDN that drops the Range header does
+            ranged = None
         if ranged and self.command == "GET":   # bytes=a- or bytes=a-b
             first, last = ranged.split("=", 1)[1].split("-", 1)
             start, end = int(first), min(int(last) + 1, f["size"]) if last else f["size"]
@@ -190,22 +196,29 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        data = f["path"].read_bytes()
-        if name in self.owner.corrupt:
-            data = data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
-        body = data[start:end]
-        half = len(body) // 2
-        if name in self.owner.cut:   # the transfer ends halfway, once
+        body_size = end - start
+        half = body_size // 2
+        corrupt_at = f["size"] // 2 if name in self.owner.corrupt else -1
+        asked = self.headers.get("Range")
+        cut = name in self.owner.cut and (asked is None or asked.endswith("-"))   # a transfer of the file's rest:
+        if cut:                                                                     # it ends halfway, once
             self.owner.cut.discard(name)
-            self.wfile.write(body[:half])
-            self.wfile.flush()
-            self.close_connection = True
-            self.connection.shutdown(socket.SHUT_WR)
-            return
         hold = self.owner.hold.get(name)
-        if hold is not None:
-            self.wfile.write(body[:half])
-            self.wfile.flush()
-            hold.wait(120)
-            body = body[half:]
-        self.wfile.write(body)
+        sent = 0
+        with open(f["path"], "rb") as source:   # streamed from the file: a GB-sized one is never held whole
+            source.seek(start)
+            while sent < body_size:
+                step = min(1 << 20, body_size - sent, half - sent if (cut or hold) and sent < half else 1 << 20)
+                chunk = bytearray(source.read(step))
+                if start + sent <= corrupt_at < start + sent + len(chunk):   # one byte changed, the size kept
+                    chunk[corrupt_at - start - sent] ^= 0xFF
+                self.wfile.write(chunk)
+                sent += len(chunk)
+                if sent == half and cut:
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_WR)
+                    return
+                if sent == half and hold is not None:
+                    self.wfile.flush()
+                    hold.wait(120)

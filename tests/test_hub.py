@@ -183,6 +183,24 @@ def test_a_second_start_is_served_from_the_cache_with_the_hub_stopped(hub, monke
         resolve_model("tiny/gated")
 
 
+def test_a_server_that_ignores_the_range_gets_the_file_whole_and_checked(hub, files, monkeypatch):
+    """A resumed transfer answered with the whole file (200, not 206) is written from the start again, and the
+    hash checked on what was written, not on what was hashed on the way."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 1 << 16)
+    hub.cut.add("tiny-Q8_0.gguf")
+    hub.ignore_range.add("tiny-Q8_0.gguf")
+    resolved = resolve_model("tiny/llama-GGUF:Q8_0")
+    gets = [r for m, p, r in hub.requests if m == "GET" and p.endswith("/tiny-Q8_0.gguf")]
+    assert len(gets) == 3 and gets[2] is not None and gets[2].endswith("-")   # the header, the cut one, the rest
+    cache = os.path.join(os.environ["HF_HOME"], "hub")
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache("tiny/llama-GGUF", "tiny-Q8_0.gguf", cache_dir=cache)
+    assert open(cached, "rb").read() == files["gguf"]["tiny-Q8_0.gguf"].read_bytes() and resolved.source == "gguf"
+
+
 def test_a_start_killed_midway_resumes_where_it_stopped(hub, files):
     """A start killed while the weights are on their way (SIGKILL: nothing cleans up) leaves what it had; the
     next start asks the hub for the rest only (a ranged request from there), and the file is whole."""
@@ -365,6 +383,9 @@ def test_a_split_file_is_read_from_its_first_part_each_tensor_a_view_of_its_own_
     assert listed == len(ours.tensors) == ours.value("split.tensors.count")
     with pytest.raises(GGUFError, match="is part 2 of 3 of a split GGUF: load the model from its first part"):
         GGUFFile(parts[1])
+    with pytest.raises(ModelError, match="is part 3 of 3 of a split GGUF: serve it from its first part, "
+                                         "tiny-Q4_0-00001-of-00003.gguf"):
+        resolve_model(str(parts[2]))
     alone = tmp_path / parts[0].name
     alone.write_bytes(parts[0].read_bytes())
     (tmp_path / parts[2].name).write_bytes(parts[2].read_bytes())
@@ -372,3 +393,11 @@ def test_a_split_file_is_read_from_its_first_part_each_tensor_a_view_of_its_own_
         GGUFFile(alone)
     with pytest.raises(ModelError, match="is not beside it"):
         resolve_model(str(alone))
+
+
+def test_the_fetch_benchmark_runs():
+    """benches/hub_fetch.py once, small: both ways fetch the whole file."""
+    from benches.hub_fetch import run
+
+    result = run(size_mb=4, repeats=1)
+    assert result["bytes"] == 4 << 20 and result["rosefast_s"] > 0 and result["huggingface_hub_s"] > 0

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rosefast.engine import model_runner
+from rosefast import build
 from rosefast.models.packed import PackedLinear, pack_linears, packing_available
 from tests.paged import run_ours
 from tests.test_model_runner import TEXTS, runner_for
@@ -38,7 +38,7 @@ def test_bf16_model_packed_gives_unpacked_logits(arch, monkeypatch):
     packed_runner = runner_for(model, dtype="bfloat16", device="cpu")   # packing is for CPU bf16
     assert set(linears(packed_runner.model)) == {"PackedLinear"}
     fast = run_ours(packed_runner, prompts, 4)
-    monkeypatch.setattr(model_runner, "pack_linears", lambda *a, **k: 0)
+    monkeypatch.setattr(build, "pack_linears", lambda *a, **k: 0)   # (where the model is made)
     plain_runner = runner_for(model, dtype="bfloat16", device="cpu")
     assert set(linears(plain_runner.model)) == {"Linear"}
     ref = run_ours(plain_runner, prompts, 4, next_tokens=[[int(s[-1].argmax()) for s in seq[:-1]] for seq in fast])

@@ -20,6 +20,7 @@ thread triggered it: a step of every stream, or a submit. The last manager to cl
 (except under gevent: see close()).
 """
 import gc
+import sys
 import time
 
 from rosefast.config import EngineConfig
@@ -102,6 +103,13 @@ class SchedulerManager:
     def ready(self):
         """True once the model is loaded and requests are accepted."""
         return self.engine is not None
+
+    @property
+    def download(self):
+        """The model's download while it loads (a hub name: rosefast.sources.hub), or None: {"model", "bytes",
+        "total", "fraction", "rate_mb_s", "eta_s", "done"}."""
+        build = sys.modules.get("rosefast.build")   # (not imported here: nothing is fetched before it is, and a
+        return build.DOWNLOAD.view() if build is not None else None   # /health must not wait on torch's import)
 
     # what a front end may know of the loaded model, without reaching into the engine
     @property

@@ -43,15 +43,22 @@ class Tensor:
 _PART = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
+def split_position(path):
+    """(which part, of how many, the name before `-0000k-of-0000N.gguf`) of a split GGUF's part, by its name;
+    None for a name not written as one."""
+    named = _PART.match(Path(path).name)
+    return None if named is None else (int(named["no"]), int(named["count"]), named["stem"])
+
+
 def split_parts(path):
     """The paths of the parts of the split GGUF whose first part is `path` (its name says how many), or [path]
     for a file not named as a split's first part."""
     path = Path(path)
-    named = _PART.match(path.name)
-    if named is None or int(named["no"]) != 1:
+    position = split_position(path)
+    if position is None or position[0] != 1:
         return [path]
-    count = int(named["count"])
-    return [path.with_name(f"{named['stem']}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+    _, count, stem = position
+    return [path.with_name(f"{stem}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
 
 
 def architecture_in(head):
@@ -86,6 +93,7 @@ class GGUFFile:
     """A GGUF file's metadata (`fields`, `value`) and its tensors: of every part, for a split file's first part."""
 
     def __init__(self, path):
+        path = Path(path)
         first = _Part(path, 0)
         self.fields, self.tensors, self._parts = first.fields, dict(first.tensors), [first]
         count = int(first.fields.get("split.count") or 1)

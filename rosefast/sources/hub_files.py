@@ -12,13 +12,13 @@ import re
 from dataclasses import dataclass
 
 from rosefast.errors import ModelError
+from rosefast.sources.gguf_file import split_parts, split_position
 
 DEFAULT_QUANT = "Q4_K_M"   # llama.cpp's pick without a tag
 _NAME = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]*[\w])(?P<rest>(?:[:@][^:@]+){0,2})$")
 #: a quantization in a file's name: Q4_K_M, IQ2_XXS, Q8_0, TQ1_0, BF16, F16, F32, MXFP4_MOE, unsloth's UD-Q4_K_XL
 _QUANT = re.compile(r"(?<![A-Za-z0-9])((?:UD-)?(?:I?Q|TQ)\d+(?:_[A-Za-z0-9]+)*|B?F16|F32|MXFP4(?:_MOE)?)"
                     r"(?![A-Za-z0-9])", re.IGNORECASE)
-_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 #: the files of a safetensors checkpoint that serving reads (top level only: no onnx/, original/, gguf)
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -63,7 +63,8 @@ class Pick:
 
 def quant_of(filename):
     """The quantization a GGUF's name says (upper case), or None."""
-    stem = _PART.sub(".gguf", filename.rsplit("/", 1)[-1])[:-len(".gguf")]
+    position = split_position(filename)
+    stem = position[2] if position else filename.rsplit("/", 1)[-1][:-len(".gguf")]
     found = _QUANT.findall(stem) or _QUANT.findall(filename)
     return found[-1].upper() if found else None
 
@@ -76,8 +77,8 @@ def _ggufs(files):
         base = name.rsplit("/", 1)[-1]
         if not name.endswith(".gguf") or base.lower().startswith("mmproj"):
             continue
-        part = _PART.search(name)
-        if part is not None and int(part[1]) != 1:
+        position = split_position(name)
+        if position is not None and position[0] != 1:
             continue
         quants.setdefault(quant_of(name) or base[:-len(".gguf")], []).append(name)
     return quants
@@ -85,14 +86,11 @@ def _ggufs(files):
 
 def _parts(first, files):
     """The files of the GGUF whose first (or only) part is `first`; ModelError when a part is not there."""
-    part = _PART.search(first)
-    if part is None:
-        return [first]
-    count = int(part[2])
-    names = [first[:part.start()] + f"-{k:05d}-of-{count:05d}.gguf" for k in range(1, count + 1)]
+    names = [str(p) for p in split_parts(first)]
     missing = [n for n in names if n not in files]
     if missing:
-        raise ModelError(f"the split GGUF {first} has {count} parts, but {missing[0]} is not in the repository")
+        raise ModelError(f"the split GGUF {first} has {len(names)} parts, but {missing[0]} is not in the "
+                         "repository")
     return names
 
 

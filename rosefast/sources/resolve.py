@@ -183,8 +183,12 @@ def resolve_model(spec=DEFAULT_MODEL):
     if path.is_dir():
         return ResolvedModel(str(spec), path, "directory", _check_directory(path))
     if path.suffix == ".gguf":
-        from rosefast.sources.gguf_file import split_parts
+        from rosefast.sources.gguf_file import split_parts, split_position
 
+        position = split_position(path)
+        if position is not None and position[0] != 1:
+            raise ModelError(f"{str(path)!r} is part {position[0]} of {position[1]} of a split GGUF: serve it "
+                             f"from its first part, {position[2]}-00001-of-{position[1]:05d}.gguf")
         missing = [p.name for p in split_parts(path) if not p.is_file()]
         if missing:
             raise ModelError(f"{str(path)!r} is the first part of a split GGUF, and {missing[0]} is not beside it: "
