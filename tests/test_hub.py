@@ -400,4 +400,4 @@ def test_the_fetch_benchmark_runs():
     from benches.hub_fetch import run
 
     result = run(size_mb=4, repeats=1)
-    assert result["bytes"] == 4 << 20 and result["rosefast_s"] > 0 and result["huggingface_hub_s"] > 0
+    assert result["bytes"] == 4 << 20 and result["ratio"] > 0   # (the numbers are the benchmark's to print)

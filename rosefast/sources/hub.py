@@ -7,12 +7,9 @@ The hub's settings as huggingface_hub reads them, at the time of the call: `HF_E
 `HF_HUB_CACHE`, `HF_TOKEN` (gated and private repositories), `HF_HUB_OFFLINE=1` (the cache only; a hub that
 cannot be reached falls back to the cache too). Only the files the model needs are fetched, at one commit; before
 the first byte, the disk (and, for a GGUF, the memory) is checked for room, and the family (a checkpoint's
-config.json, a GGUF's first 256 kB); each file is fetched into a partial file that outlives the process (a cut
-transfer, or a start after a killed one, resumes with a ranged request for the rest) and enters the cache only
-when whole and matching the hub's hash (its git-LFS sha256, or the git blob id of a small file).
+config.json, a GGUF's first 256 kB); each file is fetched resumably and enters the cache only when whole and
+matching the hub's hash (sources.hub_blobs).
 """
-import functools
-import hashlib
 import logging
 import os
 import shutil
@@ -20,6 +17,7 @@ import time
 from pathlib import Path
 
 from rosefast.errors import ModelError
+from rosefast.sources.hub_blobs import fetch_blob
 from rosefast.sources.hub_files import pick_files
 from rosefast.sources.progress import DOWNLOAD
 
@@ -43,9 +41,9 @@ def fetch(name):
     """The local path serving hub name `name` (a HubName): its snapshot directory (a checkpoint) or its GGUF's
     first part, fetched where not cached; ModelError saying what to do where it cannot be."""
     endpoint, cache, token, offline = _settings()
-    listing = commit = None
+    listing, commit, hashes = None, None, {}
     if not offline:
-        listing, commit = _remote_listing(name, endpoint, token)
+        listing, commit, hashes = _remote_listing(name, endpoint, token)
     local_only = listing is None   # offline, or the hub cannot be reached: the cache's snapshot
     if local_only:
         listing, commit = _cached_listing(name, cache, endpoint, offline)
@@ -56,7 +54,7 @@ def fetch(name):
             raise
         raise ModelError(f"{e}, among its files in the Hugging Face cache ({cache}); {_cache_only(offline, endpoint)}"
                          ) from None
-    fetch_one = lambda f: _download(name, f, commit, cache, endpoint, token, local_only)  # noqa: E731
+    fetch_one = lambda f: _download(name, f, commit, cache, endpoint, token, local_only, hashes)  # noqa: E731
     missing = {f: listing[f] for f in pick.files if _cached(name, f, commit, cache) is None}
     if missing:
         if local_only:
@@ -110,7 +108,8 @@ def _error(name, e, endpoint):
 
 
 def _remote_listing(name, endpoint, token):
-    """({file: size}, commit) of the repository at the revision, or (None, None) when the hub cannot be reached."""
+    """({file: size}, commit, {file: (its LFS sha256 or None, its git blob id)}) of the repository at the
+    revision, or (None, None, {}) when the hub cannot be reached."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
@@ -119,15 +118,12 @@ def _remote_listing(name, endpoint, token):
                                                                 files_metadata=True)
     except (_transport_errors(), OfflineModeIsEnabled) as e:
         log.warning("the hub (%s) cannot be reached (%s): serving %s from the cache", endpoint, e, name)
-        return None, None
+        return None, None, {}
     except HfHubHTTPError as e:
         raise _error(name, e, endpoint) from None
-    _HASHES.update({(name.repo, info.sha, s.rfilename): (s.lfs.sha256 if s.lfs else None, s.blob_id)
-                    for s in info.siblings or ()})
-    return {s.rfilename: int(s.size or 0) for s in info.siblings or ()}, info.sha
-
-
-_HASHES = {}   # (repo, commit, file): (its LFS sha256 or None, its git blob id), from the listing
+    siblings = info.siblings or ()
+    return {s.rfilename: int(s.size or 0) for s in siblings}, info.sha, \
+        {s.rfilename: (s.lfs.sha256 if s.lfs else None, s.blob_id) for s in siblings}
 
 
 def _cached_listing(name, cache, endpoint, offline):
@@ -222,31 +218,7 @@ def _check_room(name, pick, listing, missing, cache):
         check_size_fits(sum(listing[f] for f in pick.files), f"{name} ({pick.model})")
 
 
-REPORT_EVERY_S = 5.0
-
-
-@functools.cache
-def _counted():
-    """A tqdm class for huggingface_hub's downloads: its bar on stderr where that is a terminal (bytes, rate,
-    ETA), every byte counted in sources.progress.DOWNLOAD (what /health shows), and a log line every
-    REPORT_EVERY_S seconds (a server's log is not a terminal)."""
-    from huggingface_hub.utils import tqdm
-
-    last = [time.monotonic()]
-
-    class Counted(tqdm):
-        def update(self, n=1):
-            DOWNLOAD.add(n)
-            if time.monotonic() - last[0] >= REPORT_EVERY_S:
-                last[0] = time.monotonic()
-                v = DOWNLOAD.view()
-                log.info("fetching %s: %.2f of %.2f GB (%.0f%%), %.1f MB/s, %.0f s left", v["model"], v["bytes"] / 1e9,
-                         v["total"] / 1e9, 100 * v["fraction"], v["rate_mb_s"], v["eta_s"])
-            return super().update(n)
-    return Counted
-
-
-def _download(name, filename, commit, cache, endpoint, token, local_only):
+def _download(name, filename, commit, cache, endpoint, token, local_only, hashes):
     """The cached path of `filename`: its blob fetched (resumably, checked) where not cached, then put in the
     snapshot by huggingface_hub."""
     from huggingface_hub import hf_hub_download
@@ -254,7 +226,7 @@ def _download(name, filename, commit, cache, endpoint, token, local_only):
 
     try:
         if not local_only and _cached(name, filename, commit, cache) is None:
-            _fetch_blob(name, filename, commit, cache, endpoint, token)
+            fetch_blob(name.repo, filename, commit, cache, endpoint, token, hashes.get(filename), str(name))
         return hf_hub_download(name.repo, filename, revision=commit, cache_dir=cache, endpoint=endpoint,
                                token=token, local_files_only=local_only)
     except LocalEntryNotFoundError:
@@ -265,121 +237,6 @@ def _download(name, filename, commit, cache, endpoint, token, local_only):
     except (OSError, _transport_errors()) as e:   # a transfer that ended short or stalled past the client's
         raise ModelError(f"fetching {filename} of {name} failed ({type(e).__name__}: {e}); start again: it "
                          "resumes where it stopped") from None
-
-
-def _fetch_blob(name, filename, commit, cache, endpoint, token):
-    """Fetch `filename` into the cache's blob of its hub hash (its etag), where huggingface_hub then finds it:
-    appended to `<etag>.rosefast-partial` (kept across processes, so that a start after an interrupted one resumes
-    with a ranged request for the rest; huggingface_hub 2 keeps no partial file across processes), under a lock
-    beside it (two workers never append to one file), hashed as it arrives, renamed into place only once whole and
-    matching the hash the hub lists; a file that does not match is deleted, never cached."""
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.file_download import http_get, repo_folder_name
-    from huggingface_hub.utils import WeakFileLock, build_hf_headers
-
-    meta = get_hf_file_metadata(hf_hub_url(name.repo, filename, revision=commit, endpoint=endpoint), token=token,
-                                endpoint=endpoint)
-    blobs = Path(cache) / repo_folder_name(repo_id=name.repo, repo_type="model") / "blobs"
-    blob = blobs / meta.etag
-    blobs.mkdir(parents=True, exist_ok=True)
-    partial = blob.with_name(f"{meta.etag}.rosefast-partial")
-    with WeakFileLock(blob.with_name(f"{meta.etag}.rosefast-lock")):
-        if blob.exists():   # another process fetched it meanwhile
-            return
-        have = partial.stat().st_size if partial.exists() else 0
-        if meta.size is not None and have > meta.size:
-            partial.unlink()
-            have = 0
-        out = _Hashing(_hasher(name, commit, filename, meta.size), partial, have)
-        if have:
-            log.info("resuming %s of %s at %.1f MB of %.1f MB", filename, name, have / 1e6, (meta.size or 0) / 1e6)
-            DOWNLOAD.add(have)
-        with open(partial, "ab") as f:
-            out.file = f
-            http_get(meta.location, out, resume_size=have, headers=build_hf_headers(token=token),
-                     expected_size=meta.size, displayed_filename=filename, tqdm_class=_counted())
-        _verify(name, filename, commit, partial, out.digest)
-        os.chmod(partial, 0o644)
-        os.replace(partial, blob)
-
-
-def _hasher(name, commit, filename, size):
-    """(kind, the hash the hub lists, a hashlib object to feed the file's bytes), or None where none is listed."""
-    sha256, blob_id = _HASHES.get((name.repo, commit, filename), (None, None))
-    if sha256:
-        return "sha256", sha256, hashlib.sha256()
-    if blob_id and size is not None:
-        return "git blob id", blob_id, hashlib.sha1(f"blob {size}\0".encode())
-    return None
-
-
-class _Hashing:
-    """The partial file as huggingface_hub's http_get writes it: each chunk also fed to the hash, on a thread of
-    its own (hashlib lets go of the GIL: the hash runs while the next chunk is on its way, ~1.6 GB/s of sha256
-    beside the transfer rather than after it), the bytes already there (a resumed file's) first. A rewind (a
-    server that ignored the range: http_get starts the file again) gives the hash up (`digest` None: the file is
-    read again)."""
-
-    def __init__(self, hasher, partial, have):
-        import threading
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.file, self._hasher = None, hasher
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rosefast-hash") if hasher is not None else None
-        self._room = threading.BoundedSemaphore(8)   # chunks waiting to be hashed (huggingface_hub's are 10 MB)
-        if hasher is not None and have:
-            with open(partial, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    hasher[2].update(chunk)
-
-    def _update(self, digest, data):
-        try:
-            digest.update(data)
-        finally:
-            self._room.release()
-
-    @property
-    def digest(self):
-        """The hasher fed every byte written, or None."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        return self._hasher
-
-    def write(self, data):
-        if self._hasher is not None:
-            self._room.acquire()
-            self._pool.submit(self._update, self._hasher[2], bytes(data))
-        return self.file.write(data)
-
-    def seek(self, *args):
-        self._hasher = None
-        return self.file.seek(*args)
-
-    def truncate(self, *args):
-        self._hasher = None
-        return self.file.truncate(*args)
-
-    def __getattr__(self, attr):
-        return getattr(self.file, attr)
-
-
-def _verify(name, filename, commit, path, hashed=None):
-    """ModelError, the file deleted, when what was fetched is not what the hub lists (its LFS sha256, or the git
-    blob id of a small file); `hashed`: a _hasher already fed the file's bytes, else the file is read."""
-    if hashed is None:
-        hashed = _hasher(name, commit, filename, os.path.getsize(path))
-        if hashed is None:
-            return
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                hashed[2].update(chunk)
-    kind, want, digest = hashed
-    got = digest.hexdigest()
-    if got != want:
-        os.unlink(path)
-        raise ModelError(f"{filename} of {name}, as fetched, does not match the hub's hash ({kind} {got[:16]}... "
-                         f"where the hub lists {want[:16]}...): it was deleted, not cached; start again to fetch it "
-                         "anew")
 
 
 def _remember(name, commit, cache):
