@@ -34,3 +34,13 @@ def dumps(payload, **kwargs):
     if not raws:
         return text
     return re.sub(rf'"\\u0000{nonce}:(\d+)\\u0000"', lambda m: raws[int(m.group(1))], text)
+
+
+def utf8(payload, **kwargs):
+    """dumps(payload, ensure_ascii=False, **kwargs) as UTF-8 bytes; where a string of the payload holds a lone
+    surrogate (a tool call's arguments parsed from a model's `"\\ud800"`: UTF-8 cannot carry one), the whole
+    payload escaped to ASCII instead — the same JSON value, never an error in the middle of a response."""
+    try:
+        return dumps(payload, ensure_ascii=False, **kwargs).encode()
+    except UnicodeEncodeError:
+        return dumps(payload, ensure_ascii=True, **kwargs).encode()

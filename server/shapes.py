@@ -53,7 +53,10 @@ class Shapes:
                 encode_basestring(_MARK).encode())
         if len(parts) != 2:   # the mark turned up elsewhere too: build it whole
             return sse.event(self.chunk(index, text, None))
-        return encode_basestring(text).encode().join(parts)
+        try:
+            return encode_basestring(text).encode().join(parts)
+        except UnicodeEncodeError:   # a lone surrogate: the event escaped whole (sse.event)
+            return sse.event(self.chunk(index, text, None))
 
     def usage_chunk(self, usage):
         return {**self._base("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],

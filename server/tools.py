@@ -192,19 +192,32 @@ def parse_calls(text, functions):
 
 class CallWatch:
     """One streamed choice with tools: content goes out as it comes until the text could still be a tool
-    call (its start is a prefix of the tag, or it begins with it); then it is held to the end and parsed."""
-    __slots__ = ("held", "streaming")
+    call (its start is a prefix of the tag, or it begins with it); then it is held to the end and parsed.
+    Linear in the text: the held pieces are joined once (`held`, at the end), and only the first len(OPEN)
+    characters after any leading whitespace are looked at (red team: a long call, or a long run of spaces, had
+    the whole text copied at every token)."""
+    __slots__ = ("_parts", "_start", "_calling", "streaming")
 
     def __init__(self):
-        self.held, self.streaming = "", False
+        self._parts, self._start, self._calling, self.streaming = [], "", False, False
+
+    @property
+    def held(self):
+        """The text held back so far (join once: at the end of the choice)."""
+        return "".join(self._parts)
 
     def feed(self, text):
         """What can go out as content now."""
         if self.streaming:
             return text
-        self.held += text
-        start = self.held.lstrip()
-        if start.startswith(OPEN) or OPEN.startswith(start):
+        self._parts.append(text)
+        if self._calling:
             return ""
-        self.streaming, out, self.held = True, self.held, ""
+        self._start = (self._start + (text if self._start else text.lstrip()))[:len(OPEN)]
+        if self._start == OPEN:
+            self._calling = True
+            return ""
+        if OPEN.startswith(self._start):
+            return ""
+        out, self._parts, self.streaming = "".join(self._parts), [], True
         return out

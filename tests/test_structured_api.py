@@ -263,6 +263,19 @@ def test_a_long_run_of_spaces_in_a_tool_call_parses_in_linear_time():
     assert parse_calls(OPEN + " " * 200_000 + PARIS + " " * 200_000 + CLOSE, FUNCTIONS)[1] is not None
 
 
+@pytest.mark.timeout(60)
+def test_a_long_streamed_tool_call_is_watched_in_linear_time():
+    """Token by token, 200,000 spaces and then a call with 200,000 more pieces in it: the watch held the whole
+    text and copied it at every token (red team: past 60 s); it is the pieces' own length now."""
+    watch = CallWatch()
+    pieces = [" "] * 200_000 + [OPEN, PARIS[:1]] + [" "] * 200_000 + [PARIS[1:], CLOSE]
+    assert "".join(watch.feed(p) for p in pieces) == ""
+    assert watch.held == "".join(pieces) and parse_calls(watch.held, FUNCTIONS)[1] is not None
+    other = CallWatch()
+    assert "".join(other.feed(p) for p in [" "] * 200_000 + ["Paris"] + ["!"] * 200_000) == \
+        " " * 200_000 + "Paris" + "!" * 200_000
+
+
 def test_the_http_benchmark_runs(tiny_llama, capsys):
     from benches import structured_http
 
