@@ -13,11 +13,14 @@ from rosefast.serving.stops import stop_automaton
 
 
 class ReasoningSplit:
-    __slots__ = ("_open", "_close", "_held", "_state", "_at", "found")
+    __slots__ = ("_open", "_close", "_held", "_parts", "_lead", "_state", "_at", "found")
 
     def __init__(self, tags):
         self._open, self._close = tags[0], stop_automaton((tags[1],))   # the closing tag: matched as a stop string
         self._held = ""
+        # before the opening tag could be known: the pieces so far (joined once, when it is), and the first
+        # len(open) characters after their leading white space (a long run of it is not copied at every token)
+        self._parts, self._lead = [], ""
         self.found = False   # whether the text opened a reasoning block
         self._at = 0            # the closing tag's automaton state over the reasoning so far
         self._state = "start"   # start: before the opening tag could be known; reasoning; gap: after the block,
@@ -33,15 +36,15 @@ class ReasoningSplit:
                 self._state = "content"
             return "", text
         if self._state == "start":
-            self._held += text
-            lead = self._held.lstrip()
-            if lead.startswith(self._open):
-                self._state, text, self._held = "reasoning", lead[len(self._open):], ""
-                self.found = True
-            elif self._open.startswith(lead):   # still could be the tag (or only white space so far)
+            self._parts.append(text)
+            self._lead = (self._lead + (text if self._lead else text.lstrip()))[:len(self._open)]
+            if self._lead == self._open:
+                text = "".join(self._parts).lstrip()[len(self._open):]
+                self._state, self._parts, self.found = "reasoning", [], True
+            elif self._open.startswith(self._lead):   # still could be the tag (or only white space so far)
                 return "", ""
             else:
-                self._state, out, self._held = "content", self._held, ""
+                self._state, out, self._parts = "content", "".join(self._parts), []
                 return "", out
         state, end, length = self._close.feed(self._at, text)
         buf = self._held + text
@@ -56,7 +59,8 @@ class ReasoningSplit:
 
     def flush(self):
         """At the end of the choice: what was held (an unfinished block stays reasoning; a lone start, content)."""
-        held, self._held = self._held, ""
+        held, self._held = self._held + "".join(self._parts), ""
+        self._parts = []
         return (held, "") if self._state == "reasoning" else ("", held)
 
 

@@ -208,7 +208,7 @@ class ResponsesWriter:
         yield self._event("response.created", response=self._response("in_progress"))
         yield self._event("response.in_progress", response=self._response("in_progress"))
         deltas = self.run.deltas()
-        item = None   # the open output item: [kind, id, output index, its text so far]
+        item = None   # the open output item: [kind, id, output index, its text's pieces so far]
         incomplete = None
         try:
             for _, text, thought, calls, reason, _, _ in deltas:
@@ -218,7 +218,7 @@ class ResponsesWriter:
                     if item is None or item[0] != kind:
                         yield from self._close(item)
                         item = yield from self._open(kind)
-                    item[3] += piece
+                    item[3].append(piece)   # (joined once, at its close: not copied per delta)
                     yield self._event("response.reasoning_text.delta" if kind == "reasoning" else
                                       "response.output_text.delta", item_id=item[1], output_index=item[2],
                                       content_index=0, delta=piece, **extra)
@@ -244,9 +244,9 @@ class ResponsesWriter:
             deltas.close()
 
     def _open(self, kind):
-        """The added events of a new reasoning or message item; returns it: [kind, id, output index, text]."""
+        """The added events of a new reasoning or message item; returns it: [kind, id, output index, pieces]."""
         reasoning = kind == "reasoning"
-        item = [kind, new_id("rs_" if reasoning else "msg_"), len(self.output), ""]
+        item = [kind, new_id("rs_" if reasoning else "msg_"), len(self.output), []]
         yield self._event("response.output_item.added", output_index=item[2],
                           item=(_reasoning_item if reasoning else _message_item)(item[1], "", "in_progress", False))
         yield self._event("response.content_part.added", item_id=item[1], output_index=item[2], content_index=0,
@@ -257,7 +257,8 @@ class ResponsesWriter:
         """The done events of the open item, which joins the output."""
         if item is None:
             return
-        kind, id_, index, text = item
+        kind, id_, index, pieces = item
+        text = "".join(pieces)
         if kind == "reasoning":
             yield self._event("response.reasoning_text.done", item_id=id_, output_index=index, content_index=0,
                               text=text)

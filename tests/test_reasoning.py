@@ -40,6 +40,19 @@ def test_what_the_split_takes_apart():
     assert split_reasoning("Paris <think>x</think>", TAGS) == (None, "Paris <think>x</think>")
 
 
+@pytest.mark.timeout(60)
+def test_a_long_run_of_white_space_before_the_block_is_split_in_linear_time():
+    """Token by token, 400,000 spaces before the opening tag, 200,000 pieces of reasoning, then the answer: the
+    start held the whole text and stripped it at every token (quadratic: the red team's kind of request)."""
+    split = ReasoningSplit(TAGS)
+    pieces = [" "] * 400_000 + ["<think>"] + ["x"] * 200_000 + ["</think>", "\n\nParis"]
+    thought, content = zip(*(split.feed(p) for p in pieces))
+    assert "".join(thought) == "x" * 200_000 and "".join(content) == "Paris" and split.flush() == ("", "")
+    other = ReasoningSplit(TAGS)
+    assert "".join(other.feed(p)[1] for p in [" "] * 400_000 + ["Paris"]) + other.flush()[1] == \
+        " " * 400_000 + "Paris"
+
+
 FORCED = r"<think>\nI reason\.\n</think>\n\nParis"   # what the grammar makes the tiny model write
 
 
