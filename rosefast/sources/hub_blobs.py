@@ -42,12 +42,13 @@ def counted_tqdm():
 
 
 def fetch_blob(repo, filename, commit, cache, endpoint, token, listed, what):
-    """Fetch `filename` of `repo` at `commit` into the cache's blob of its hub hash (its etag), where huggingface_hub then finds it:
-    appended to `<etag>.rosefast-partial` (kept across processes, so that a start after an interrupted one resumes
-    with a ranged request for the rest; huggingface_hub 2 keeps no partial file across processes), under a lock
-    beside it (two workers never append to one file), hashed as it arrives, renamed into place only once whole and
-    matching the hash the hub lists (`listed`: its LFS sha256 or None, its git blob id; or None); a file that does
-    not match is deleted, never cached (ModelError naming it as part of `what`, the model)."""
+    """Fetch `filename` of `repo` at `commit` into the cache's blob of its hub hash (its etag), where
+    huggingface_hub then finds it: appended to `<etag>.rosefast-partial` (kept across processes, so that a start
+    after an interrupted one resumes with a ranged request for the rest; huggingface_hub 2 keeps no partial file
+    across processes), under a lock beside it (two workers never append to one file), hashed as it arrives,
+    renamed into place only once whole and matching the hash the hub lists (`listed`: its LFS sha256 or None, its
+    git blob id; or None); a file that does not match is deleted, never cached (ModelError naming it as part of
+    `what`, the model)."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get, repo_folder_name
     from huggingface_hub.utils import WeakFileLock, build_hf_headers
@@ -69,11 +70,15 @@ def fetch_blob(repo, filename, commit, cache, endpoint, token, listed, what):
         if have:
             log.info("resuming %s of %s at %.1f MB of %.1f MB", filename, what, have / 1e6, (meta.size or 0) / 1e6)
             DOWNLOAD.add(have)
-        with open(partial, "ab") as f:
-            out.file = f
-            http_get(meta.location, out, resume_size=have, headers=build_hf_headers(token=token),
-                     expected_size=meta.size, displayed_filename=filename, tqdm_class=counted_tqdm())
-        _verify(partial, filename, what, listed, out.digest)
+        try:
+            with open(partial, "ab") as f:
+                out.file = f
+                http_get(meta.location, out, resume_size=have, headers=build_hf_headers(token=token),
+                         expected_size=meta.size, displayed_filename=filename, tqdm_class=counted_tqdm())
+            digest = out.digest
+        finally:
+            out.close()
+        _verify(partial, filename, what, listed, digest)
         os.chmod(partial, 0o644)
         os.replace(partial, blob)
 
@@ -119,6 +124,11 @@ class _Hashing:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         return self._hasher
+
+    def close(self):
+        """Let the hashing thread go (a transfer that failed: the partial file stays, hashed again on resume)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def write(self, data):
         if self._hasher is not None:
