@@ -10,17 +10,16 @@ A choice whose text does not begin (after white space) with the opening tag is a
 still be the start of a tag is held back until it is known.
 """
 from rosefast.serving.stops import stop_automaton
+from server.opening import Opening
 
 
 class ReasoningSplit:
-    __slots__ = ("_open", "_close", "_held", "_parts", "_lead", "_state", "_at", "found")
+    __slots__ = ("_open", "_opening", "_close", "_held", "_state", "_at", "found")
 
     def __init__(self, tags):
         self._open, self._close = tags[0], stop_automaton((tags[1],))   # the closing tag: matched as a stop string
+        self._opening = Opening(tags[0])   # before the opening tag could be known (linear: server.opening)
         self._held = ""
-        # before the opening tag could be known: the pieces so far (joined once, when it is), and the first
-        # len(open) characters after their leading white space (a long run of it is not copied at every token)
-        self._parts, self._lead = [], ""
         self.found = False   # whether the text opened a reasoning block
         self._at = 0            # the closing tag's automaton state over the reasoning so far
         self._state = "start"   # start: before the opening tag could be known; reasoning; gap: after the block,
@@ -36,16 +35,15 @@ class ReasoningSplit:
                 self._state = "content"
             return "", text
         if self._state == "start":
-            self._parts.append(text)
-            self._lead = (self._lead + (text if self._lead else text.lstrip()))[:len(self._open)]
-            if self._lead == self._open:
-                text = "".join(self._parts).lstrip()[len(self._open):]
-                self._state, self._parts, self.found = "reasoning", [], True
-            elif self._open.startswith(self._lead):   # still could be the tag (or only white space so far)
+            opens = self._opening.feed(text)
+            if opens:
+                text = self._opening.take().lstrip()[len(self._open):]
+                self._state, self.found = "reasoning", True
+            elif opens is None:   # still could be the tag (or only white space so far)
                 return "", ""
             else:
-                self._state, out, self._parts = "content", "".join(self._parts), []
-                return "", out
+                self._state = "content"
+                return "", self._opening.take()
         state, end, length = self._close.feed(self._at, text)
         buf = self._held + text
         if end >= 0:   # the block ends: what follows is the answer (its leading white space dropped)
@@ -59,8 +57,7 @@ class ReasoningSplit:
 
     def flush(self):
         """At the end of the choice: what was held (an unfinished block stays reasoning; a lone start, content)."""
-        held, self._held = self._held + "".join(self._parts), ""
-        self._parts = []
+        held, self._held = self._held + self._opening.take(), ""
         return (held, "") if self._state == "reasoning" else ("", held)
 
 

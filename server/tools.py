@@ -16,6 +16,7 @@ import random
 import re
 
 from server.errors import bad_request, parse_json
+from server.opening import Opening
 from server.structured import closed
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -193,31 +194,27 @@ def parse_calls(text, functions):
 class CallWatch:
     """One streamed choice with tools: content goes out as it comes until the text could still be a tool
     call (its start is a prefix of the tag, or it begins with it); then it is held to the end and parsed.
-    Linear in the text: the held pieces are joined once (`held`, at the end), and only the first len(OPEN)
-    characters after any leading whitespace are looked at (red team: a long call, or a long run of spaces, had
-    the whole text copied at every token)."""
-    __slots__ = ("_parts", "_start", "_calling", "streaming")
+    Linear in the text (server.opening): the held pieces are joined once, at the end (`held`)."""
+    __slots__ = ("_opening", "_calling", "streaming")
 
     def __init__(self):
-        self._parts, self._start, self._calling, self.streaming = [], "", False, False
+        self._opening, self._calling, self.streaming = Opening(OPEN), False, False
 
     @property
     def held(self):
-        """The text held back so far (join once: at the end of the choice)."""
-        return "".join(self._parts)
+        """The text held back so far (joined: read it once, at the end of the choice)."""
+        return "".join(self._opening.parts)
 
     def feed(self, text):
         """What can go out as content now."""
         if self.streaming:
             return text
-        self._parts.append(text)
         if self._calling:
+            self._opening.parts.append(text)
             return ""
-        self._start = (self._start + (text if self._start else text.lstrip()))[:len(OPEN)]
-        if self._start == OPEN:
-            self._calling = True
-            return ""
-        if OPEN.startswith(self._start):
-            return ""
-        out, self._parts, self.streaming = "".join(self._parts), [], True
-        return out
+        opens = self._opening.feed(text)
+        if opens is False:
+            self.streaming = True
+            return self._opening.take()
+        self._calling = bool(opens)
+        return ""

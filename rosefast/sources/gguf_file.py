@@ -66,25 +66,14 @@ def architecture_in(head):
     None when those bytes end before it (or are not a GGUF's)."""
     if head[:4] != b"GGUF" or len(head) < 24:
         return None
-    (n_kv,) = struct.unpack_from("<Q", head, 16)
-    at = 24
+    walk = _Header(head)
     try:
-        for _ in range(n_kv):
-            (n,) = struct.unpack_from("<Q", head, at)
-            key = head[at + 8:at + 8 + n].decode("utf-8", errors="replace")
-            (kind,) = struct.unpack_from("<I", head, at + 8 + n)
-            at += 12 + n
-            if kind == _STRING:
-                (n,) = struct.unpack_from("<Q", head, at)
-                if key == "general.architecture":
-                    value = head[at + 8:at + 8 + n]
-                    return value.decode("utf-8") if len(value) == n else None
-                at += 8 + n
-            elif kind in _SCALARS:
-                at += struct.calcsize(_SCALARS[kind])
-            else:   # an array (a vocabulary: the architecture comes before it in every converter's files)
+        for key, value in walk.pairs(struct.unpack_from("<Q", head, 16)[0]):
+            if walk.at > len(head):   # the pair runs past the bytes given
                 return None
-    except (struct.error, UnicodeDecodeError):
+            if key == "general.architecture":
+                return value if isinstance(value, str) else None
+    except (struct.error, ValueError):   # (GGUFError is one) the bytes end inside a pair
         return None
     return None
 
@@ -136,51 +125,35 @@ class GGUFFile:
         self._parts[tensor.part].release(tensor)
 
 
-class _Part:
-    """One file: its header walked, its tensors views of its map."""
+class _Header:
+    """A walk over a GGUF header in `buf` (a map of the whole file, or its first bytes), from its key-value pairs
+    on; `at`: where the walk is."""
 
-    def __init__(self, path, part):
-        self.path, self._part = Path(path), part
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        buf = self._map
-        if buf[:4] != b"GGUF":
-            raise GGUFError(f"{path} is not a GGUF file (no GGUF magic)")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version < 2:
-            raise GGUFError(f"{path} is GGUF version {version}; versions 2 and 3 are read")
-        self._buf, self._at = buf, 24
-        self.fields = {}
+    def __init__(self, buf):
+        self._buf, self.at = buf, 24
+
+    def pairs(self, n_kv):
+        """(key, value) of the header's `n_kv` pairs, in the file's order."""
         for _ in range(n_kv):
             key = self._string()
             (kind,) = self._unpack("<I")
-            self.fields[key] = self._field(kind)
-        infos = []
-        for _ in range(n_tensors):
-            name = self._string()
-            (dims,) = self._unpack("<I")
-            shape = self._unpack(f"<{dims}Q")
-            kind, offset = self._unpack("<IQ")
-            infos.append((name, shape, kind, offset))
-        align = int(self.fields.get("general.alignment") or 32)
-        start = -(-self._at // align) * align
-        self.tensors = {name: self._tensor(name, shape, kind, start + offset) for name, shape, kind, offset in infos}
+            yield key, self._field(kind)
 
     def _unpack(self, fmt):
-        values = struct.unpack_from(fmt, self._buf, self._at)
-        self._at += struct.calcsize(fmt)
+        values = struct.unpack_from(fmt, self._buf, self.at)
+        self.at += struct.calcsize(fmt)
         return values
 
     def _string(self):
         (n,) = self._unpack("<Q")
-        text = bytes(self._buf[self._at:self._at + n]).decode("utf-8", errors="replace")
-        self._at += n
+        text = bytes(self._buf[self.at:self.at + n]).decode("utf-8", errors="replace")
+        self.at += n
         return text
 
     def _skip_strings(self, count):
         for _ in range(count):
-            (n,) = struct.unpack_from("<Q", self._buf, self._at)
-            self._at += 8 + n
+            (n,) = struct.unpack_from("<Q", self._buf, self.at)
+            self.at += 8 + n
 
     def _field(self, kind):
         if kind == _STRING:
@@ -195,9 +168,35 @@ class _Part:
             return count
         if item not in _NUMPY:
             raise GGUFError(f"unsupported GGUF array of type {item}")
-        values = np.frombuffer(self._buf, _NUMPY[item], count, self._at)
-        self._at += values.nbytes
+        values = np.frombuffer(self._buf, _NUMPY[item], count, self.at)
+        self.at += values.nbytes
         return values.tolist()
+
+
+class _Part(_Header):
+    """One file: its header walked, its tensors views of its map."""
+
+    def __init__(self, path, part):
+        self.path, self._part = Path(path), part
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        super().__init__(self._map)
+        if self._map[:4] != b"GGUF":
+            raise GGUFError(f"{path} is not a GGUF file (no GGUF magic)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", self._map, 4)
+        if version < 2:
+            raise GGUFError(f"{path} is GGUF version {version}; versions 2 and 3 are read")
+        self.fields = dict(self.pairs(n_kv))
+        infos = []
+        for _ in range(n_tensors):
+            name = self._string()
+            (dims,) = self._unpack("<I")
+            shape = self._unpack(f"<{dims}Q")
+            kind, offset = self._unpack("<IQ")
+            infos.append((name, shape, kind, offset))
+        align = int(self.fields.get("general.alignment") or 32)
+        start = -(-self.at // align) * align
+        self.tensors = {name: self._tensor(name, shape, kind, start + offset) for name, shape, kind, offset in infos}
 
     def _tensor(self, name, shape, kind, offset):
         import gguf

@@ -54,8 +54,9 @@ def fetch(name):
             raise
         raise ModelError(f"{e}, among its files in the Hugging Face cache ({cache}); {_cache_only(offline, endpoint)}"
                          ) from None
-    fetch_one = lambda f: _download(name, f, commit, cache, endpoint, token, local_only, hashes)  # noqa: E731
     missing = {f: listing[f] for f in pick.files if _cached(name, f, commit, cache) is None}
+    fetch_one = lambda f: _download(name, f, commit, cache, endpoint, token, local_only,  # noqa: E731
+                                    hashes if f in missing else None)
     if missing:
         if local_only:
             raise ModelError(f"{name} is not all in the Hugging Face cache ({cache}): {sorted(missing)[0]} is "
@@ -64,12 +65,14 @@ def fetch(name):
         DOWNLOAD.start(str(name), sum(missing.values()))
         log.info("fetching %s from %s: %d files, %.2f GB, into %s", name, endpoint, len(missing),
                  sum(missing.values()) / 1e9, cache)
-    if pick.kind == "checkpoint" and "config.json" in pick.files:   # its family, before its weights
-        _check_family(fetch_one("config.json"), name)
+    paths = {}
+    started = time.monotonic()
+    if pick.kind == "checkpoint":   # its family, before its weights
+        paths["config.json"] = fetch_one("config.json")
+        _check_family(paths["config.json"], name)
     elif pick.model in missing:
         _check_gguf_family(name, pick.model, commit, endpoint, token)
-    started = time.monotonic()
-    paths = {f: fetch_one(f) for f in pick.files}
+    paths.update({f: fetch_one(f) for f in pick.files if f not in paths})
     if missing:
         DOWNLOAD.finish()
         seconds = time.monotonic() - started
@@ -77,9 +80,7 @@ def fetch(name):
                  sum(missing.values()) / 1e6 / max(seconds, 1e-6))
     if not local_only:
         _remember(name, commit, cache)
-    if pick.kind == "gguf":
-        return Path(paths[pick.model])
-    return Path(paths[pick.files[0]]).parent
+    return Path(paths[pick.model]) if pick.kind == "gguf" else Path(paths["config.json"]).parent
 
 
 def _transport_errors():
@@ -161,17 +162,10 @@ def _cached(name, filename, commit, cache):
 
 
 def _check_family(config_path, name):
-    import json
+    """ModelError naming the model_type of a checkpoint no family here serves (its config.json alone fetched)."""
+    from rosefast.sources.resolve import _read_model_type, check_architecture
 
-    from rosefast.models.registry import check_architecture
-
-    try:
-        model_type = json.loads(Path(config_path).read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{name}'s config.json cannot be read: {e}") from None
-    if not model_type:
-        raise ModelError(f"{name} is not a model: its config.json has no model_type")
-    check_architecture(model_type, f"{name}'s config.json")
+    check_architecture(_read_model_type(Path(config_path).parent), f"{name}'s config.json")
 
 
 def _check_gguf_family(name, filename, commit, endpoint, token):
@@ -180,10 +174,10 @@ def _check_gguf_family(name, filename, commit, endpoint, token):
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
+    from huggingface_hub.errors import HfHubHTTPError
+
     from rosefast.models.registry import FAMILIES, gguf_family
     from rosefast.sources.gguf_file import architecture_in
-
-    from huggingface_hub.errors import HfHubHTTPError
 
     url = hf_hub_url(name.repo, filename, revision=commit, endpoint=endpoint)
     try:
@@ -219,13 +213,13 @@ def _check_room(name, pick, listing, missing, cache):
 
 
 def _download(name, filename, commit, cache, endpoint, token, local_only, hashes):
-    """The cached path of `filename`: its blob fetched (resumably, checked) where not cached, then put in the
-    snapshot by huggingface_hub."""
+    """The cached path of `filename`: its blob fetched first (resumably, checked against `hashes`, the listing's)
+    where it is not cached (`hashes` None: it is), then put in the snapshot by huggingface_hub."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        if not local_only and _cached(name, filename, commit, cache) is None:
+        if hashes is not None and not local_only:
             fetch_blob(name.repo, filename, commit, cache, endpoint, token, hashes.get(filename), str(name))
         return hf_hub_download(name.repo, filename, revision=commit, cache_dir=cache, endpoint=endpoint,
                                token=token, local_files_only=local_only)

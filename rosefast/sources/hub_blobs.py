@@ -108,9 +108,7 @@ class _Hashing:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rosefast-hash") if hasher is not None else None
         self._room = threading.BoundedSemaphore(8)   # chunks waiting to be hashed (huggingface_hub's are 10 MB)
         if hasher is not None and have:
-            with open(partial, "rb") as f:
-                while chunk := f.read(1 << 22):
-                    hasher[2].update(chunk)
+            _feed(hasher[2], partial)
 
     def _update(self, digest, data):
         try:
@@ -155,9 +153,7 @@ def _verify(path, filename, what, listed, hashed=None):
         hashed = _hasher(listed, os.path.getsize(path))
         if hashed is None:
             return
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                hashed[2].update(chunk)
+        _feed(hashed[2], path)
     kind, want, digest = hashed
     got = digest.hexdigest()
     if got != want:
@@ -165,3 +161,10 @@ def _verify(path, filename, what, listed, hashed=None):
         raise ModelError(f"{filename} of {what}, as fetched, does not match the hub's hash ({kind} {got[:16]}... "
                          f"where the hub lists {want[:16]}...): it was deleted, not cached; start again to fetch it "
                          "anew")
+
+
+def _feed(digest, path):
+    """Feed the bytes of the file at `path` to `digest`, 4 MB at a time."""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
