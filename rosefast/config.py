@@ -87,6 +87,12 @@ class EngineConfig:
                                        # (where it pays: small batches, sequences whose guesses are kept), ngram
                                        # (wherever a guess is found), off
     speculative_tokens: int = 8        # the most tokens a sequence proposes per step
+    scheduling: str = "priority"       # which waiting request runs first: priority (a request's `priority`, lower
+                                       # first, then arrival; a running one of a worse priority preempted for a
+                                       # better one that waits; every request at 0 is first come first served),
+                                       # fcfs (arrival alone: `priority` is ignored)
+    priority_aging_s: float = 10.0     # priority scheduling: a request's priority counts one better for every
+                                       # this many seconds since it arrived, so none waits for ever (0: never)
 
     def __post_init__(self):
         for name in ("block_size", "max_batch_size", "prefill_max_batch_size", "max_num_batched_tokens"):
@@ -128,6 +134,11 @@ class EngineConfig:
             raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}; got {self.activations!r}")
         if self.speculative not in SPECULATIVE_MODES:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}; got {self.speculative!r}")
+        if self.scheduling not in ("priority", "fcfs"):
+            raise ValueError(f"scheduling must be priority or fcfs; got {self.scheduling!r}")
+        if isinstance(self.priority_aging_s, bool) or not isinstance(self.priority_aging_s, (int, float)) \
+                or not 0 <= self.priority_aging_s <= 1e9:
+            raise ValueError(f"priority_aging_s must be a number of seconds >= 0, got {self.priority_aging_s!r}")
         if self.speculative_tokens > 64:
             raise ValueError(f"speculative_tokens must be at most 64, got {self.speculative_tokens!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -58,7 +58,8 @@ class HTTPSettings:
     body_timeout_s: float = 30.0         # a request body must arrive in full within this; else 408, connection closed
     send_timeout_s: float = 60.0         # a client that takes longer to accept one write (an SSE event, a body) has
                                          # its stream ended and its request aborted (it stopped reading)
-    api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>" or "x-api-key: <key>"
+    api_key: str = ""                    # when set, /v1/* needs "Authorization: Bearer <key>" or "x-api-key: <key>";
+                                         # several keys, comma-separated: each caller's stored responses its own
     ui: bool = True                      # the playground page at / (a chat, and what the server is doing)
     log_text: bool = False               # log prompts and completions (off: never)
     switch_interval_ms: float = 5.0      # the GIL switch interval in the worker (Python's default): 0.5 forced
@@ -67,13 +68,19 @@ class HTTPSettings:
     grammar_timeout_s: float = 10.0      # structured output: a grammar that takes longer to compile is a 400
     grammar_threads: int = 2             # native threads that compile grammars (identical compiles merged)
     generation_config: str = "model"     # model: the model's generation defaults fill what a request omits; none
+    responses_store_entries: int = 10000   # the Responses API's stored responses: at most this many (0: none kept,
+                                           # `store` then defaults to false), least recently used out first,
+    responses_store_bytes: int = 64 << 20  # in at most this many bytes of JSON,
+    responses_store_ttl_s: float = 86400.0  # each for at most this long after it was made
 
     def __post_init__(self):
         getattr(super(), "__post_init__", lambda: None)()
         _check_integers(self, (("max_body_bytes", 1), ("max_tokens_cap", 1), ("default_max_tokens", 1),
-                               ("retry_after_seconds", 0), ("max_output_entries", 1), ("grammar_threads", 1)))
+                               ("retry_after_seconds", 0), ("max_output_entries", 1), ("grammar_threads", 1),
+                               ("responses_store_entries", 0), ("responses_store_bytes", 1)))
         _check_numbers(self, (("switch_interval_ms", 0.05, 100), ("grammar_timeout_s", 0.01, 600),
-                              ("body_timeout_s", 0.1, 3600), ("send_timeout_s", 0.1, 3600)))
+                              ("body_timeout_s", 0.1, 3600), ("send_timeout_s", 0.1, 3600),
+                              ("responses_store_ttl_s", 1, 10 ** 9)))
         if self.generation_config not in ("model", "none"):
             raise ValueError(f"generation_config must be model or none, got {self.generation_config!r}")
 

@@ -20,6 +20,7 @@ from server.keepalive import IdleConnections
 from server.logprobs import TokenStrings
 from server.metrics import ENDPOINTS, Metrics, count_request
 from server.offhub import OffHub
+from server.response_store import ResponseStore
 
 log = logging.getLogger("rosefast.server")
 ANTHROPIC_PATHS = "/v1/messages"   # the routes whose errors go out in Anthropic's shape
@@ -48,6 +49,8 @@ class State:
         self.manager = None
         self.metrics = Metrics(self)
         self.grammar_pool = GrammarPool(config.grammar_threads)
+        self.responses = ResponseStore(config.responses_store_entries, config.responses_store_bytes,
+                                       config.responses_store_ttl_s)
         self.off_hub = OffHub(max(1, config.tokenize_workers))   # template rendering and encoding for the routes
         self.started = time.time()
         self.draining = False
@@ -139,7 +142,7 @@ class State:
 
 def create_app(config=None, start=True):
     """The WSGI app. `config` defaults to the ROSEFAST_* environment (a bad value raises ConfigError)."""
-    from server import routes, tokenizer_api, ui
+    from server import responses_routes, routes, tokenizer_api, ui
 
     config = config or server_config_from_env()
     if not logging.getLogger().handlers:
@@ -152,6 +155,7 @@ def create_app(config=None, start=True):
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     state = app.extensions["rosefast"] = State(config)
     app.register_blueprint(routes.bp)
+    app.register_blueprint(responses_routes.bp)
     app.register_blueprint(tokenizer_api.bp)
     app.register_blueprint(ui.bp)
 

@@ -18,6 +18,7 @@ from rosefast.serving.values import reasoning_tags
 from server import disconnect, structured
 from server.body import read_json_body
 from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request
+from server.metrics import priority_class
 from server.request_fields import check_output_budget, param_of, sampling_params
 from server.run import Run
 from server.shapes import new_id
@@ -73,6 +74,8 @@ def admit(state, translate):
     reasoning = reasoning_tags(manager.model.model_type) if gen.messages is not None else ()
     run = Run(state, manager, rid, new_id(gen.id_prefix), gen.endpoint, gen.options, echoes, t0, stop_watch,
               calls if calls is not None and calls.active else None, reasoning, body)
+    run.carry, run.priority = gen.carry, priority_class(params.priority)
+    state.metrics.priority_requests.labels(run.priority).inc()
     if state.config.log_text:   # an operator's explicit choice; off by default
         access.info("%s prompt=%r", run.id, prompts)
     return run

@@ -62,6 +62,16 @@ def histogram_family(name, doc, histogram):
                                  sum_value=histogram.sum)
 
 
+def priority_class(priority):
+    """A request's `priority` as a label of few values: high (< 0), normal (0, the default), low (> 0)."""
+    return "high" if priority < 0 else "low" if priority > 0 else "normal"
+
+
+PRIORITY_CLASSES = ("high", "normal", "low")
+BY_PRIORITY = {"ttft": ("rosefast_priority_ttft_seconds", "request arrival to first token, by priority class"),
+               "e2e": ("rosefast_priority_e2e_seconds", "request arrival to its last token, by priority class")}
+
+
 class _Latencies:
     def __init__(self, metrics):
         self._metrics = metrics
@@ -69,6 +79,11 @@ class _Latencies:
     def collect(self):
         for key, (name, doc) in LATENCIES.items():
             yield histogram_family(name, doc, getattr(self._metrics, key))
+        for key, (name, doc) in BY_PRIORITY.items():
+            family = HistogramMetricFamily(name, doc, labels=["priority_class"])
+            for cls, histogram in self._metrics.by_priority[key].items():
+                family.add_metric([cls], [(floatToGoString(b), n) for b, n in histogram.buckets()], histogram.sum)
+            yield family
 
 
 class _LiveState:
@@ -119,6 +134,9 @@ class Metrics:
                                      registry=self.registry)
         self.completion_tokens = Counter("rosefast_completion_tokens", "tokens generated", registry=self.registry)
         self.ttft, self.itl, self.e2e = (Histogram(LATENCY_BOUNDS) for _ in LATENCIES)
+        self.by_priority = {key: {c: Histogram(LATENCY_BOUNDS) for c in PRIORITY_CLASSES} for key in BY_PRIORITY}
+        self.priority_requests = Counter("rosefast_priority_requests", "requests admitted to generate, by priority "
+                                         "class (ROSEFAST_SCHEDULING)", ["priority_class"], registry=self.registry)
         self.registry.register(_Latencies(self))
         self.registry.register(_LiveState(state))
 

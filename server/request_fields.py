@@ -8,7 +8,7 @@ from server.errors import APIError, bad_request
 
 # what the batched sampler takes: OpenAI's names, and vLLM's extras (sent in the openai client's extra_body)
 SAMPLING = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-            "logit_bias", "min_tokens", "seed", "stop_token_ids"}
+            "logit_bias", "min_tokens", "seed", "stop_token_ids", "priority"}   # (priority: how it is scheduled)
 
 
 def number(body, name, default, low=None, high=None, integer=False, names=None):
@@ -100,6 +100,7 @@ def sampling_params(body, config, context_len, options, defaults=None, grammar=N
             logprobs=options.logprobs,
             prompt_logprobs=options.logprobs if options.echo else None,
             grammar=grammar,
+            priority=number(body, "priority", 0, integer=True, names=names),
         )
     except ValueError as e:   # SamplingParams names the field first
         field, rest = str(e).split(" ", 1)

@@ -30,3 +30,4 @@ class Generation:
     model: object = None             # the model the client named (None: this server's)
     names: dict = field(default_factory=dict)   # OpenAI's field name -> the client's, for the 400s
     id_prefix: str = "chatcmpl-"     # the answer's id before its random digits
+    carry: object = None             # what the API's writer needs from its translation (Responses: its Turn)

@@ -1,16 +1,15 @@
-"""The routes: POST /v1/completions, /v1/chat/completions, /v1/responses and /v1/messages (each translated
+"""The routes: POST /v1/completions, /v1/chat/completions and /v1/messages (each translated
 into the one request path, server.generation: admitted with a 429 at once, streamed or collected, the
 answer written in its API's shape), POST /v1/messages/count_tokens, and GET /health, /v1/models and
-/metrics."""
+/metrics. The Responses API's routes, with its stored responses, are server.responses_routes."""
 from flask import Blueprint, Response, current_app
 
-from server import messages_api, openai_api, responses_api, sse
+from server import messages_api, openai_api, sse
 from server.auth import authorized
 from server.errors import json_response
 from server.generation import admit, count_prompt_tokens
 from server.messages_api import MessagesWriter
 from server.openai_writer import OpenAIWriter
-from server.responses_api import ResponsesWriter
 
 bp = Blueprint("openai", __name__)
 
@@ -58,27 +57,22 @@ def metrics():
 
 @bp.post("/v1/completions")
 def completions():
-    return _serve(openai_api.completion_generation,
+    return serve(openai_api.completion_generation,
                   lambda run, state: OpenAIWriter(run, False, state.model_name, state.token_strings))
 
 
 @bp.post("/v1/chat/completions")
 def chat_completions():
-    return _serve(openai_api.chat_generation,
+    return serve(openai_api.chat_generation,
                   lambda run, state: OpenAIWriter(run, True, state.model_name, state.token_strings))
-
-
-@bp.post("/v1/responses")
-def responses():
-    return _serve(responses_api.generation, lambda run, state: ResponsesWriter(run, state.model_name))
 
 
 @bp.post("/v1/messages")
 def messages():
-    return _serve(messages_api.generation, lambda run, state: MessagesWriter(run, state.model_name))
+    return serve(messages_api.generation, lambda run, state: MessagesWriter(run, state.model_name))
 
 
-def _serve(translate, writer):
+def serve(translate, writer):
     """The one request path (server.generation.admit), answered by the API's writer: its event stream or its
     one body."""
     state = _state()

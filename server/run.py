@@ -57,6 +57,8 @@ class Run:
         self.tools = tools
         self.reasoning = reasoning
         self.body = body
+        self.carry = None   # what the API's writer needs from its translation (Generation.carry)
+        self.priority = "normal"   # its priority class (server.metrics.priority_class)
 
     @property
     def completion_tokens(self):
@@ -79,6 +81,7 @@ class Run:
             if self.t_first is None:
                 self.t_first = now
                 m.ttft.observe(now - self.t0)
+                m.by_priority["ttft"][self.priority].observe(now - self.t0)
             else:
                 m.itl.observe(now - self.t_last)
             self.t_last = now
@@ -138,6 +141,11 @@ class Run:
             stream.close()
             self._finish()
 
+    def detach(self):
+        """The run goes on without its client (a background response): its connection closing aborts nothing."""
+        self.stop_watch()
+        self.stop_watch = lambda: None
+
     def discard(self):
         """The answer failed before its stream was read: the request is aborted and forgotten."""
         self.stop_watch()
@@ -179,6 +187,7 @@ class Run:
         m.completion_tokens.inc(completion_tokens)
         if self.t_last is not None:
             m.e2e.observe(self.t_last - self.t0)
+            m.by_priority["e2e"][self.priority].observe(self.t_last - self.t0)
         access.info("%s %s status=%s prompt_tokens=%d cached_tokens=%d completion_tokens=%d ttft_ms=%s e2e_ms=%.1f",
                     self.id, self.endpoint, self.status, prompt_tokens, cached, completion_tokens,
                     "-" if self.t_first is None else f"{(self.t_first - self.t0) * 1e3:.1f}", (now - self.t0) * 1e3)

@@ -9,8 +9,9 @@ _MARK = "\x00"   # a text no id or model name holds: where a text event's bytes 
 
 
 def new_id(prefix):
-    """`prefix` (its separator included: "chatcmpl-", "resp_") and 24 random hex digits, as before from uuid4 but without a system call and a UUID per request (the
-    module's generator is seeded from os.urandom, and again in each forked worker)."""
+    """`prefix` (its separator included: "chatcmpl-", "resp_") and 24 random hex digits, as before from uuid4 but
+    without a system call and a UUID per request (the module's generator is seeded from os.urandom, and again in
+    each forked worker)."""
     return f"{prefix}{random.getrandbits(96):024x}"
 
 

@@ -252,8 +252,10 @@ def test_the_prefix_cache_share_is_reported_on_every_api(server, oai, claude):
 
 
 @pytest.mark.parametrize("path, body, field, message", [
-    ("/v1/responses", {"input": "x", "store": True}, "store", "stores no responses"),
-    ("/v1/responses", {"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "whole conversation"),
+    ("/v1/responses", {"input": "x", "store": "yes"}, "store", "a boolean"),
+    ("/v1/responses", {"input": "x", "store": False, "background": True}, "background", "must be stored"),
+    ("/v1/responses", {"input": "x", "background": True, "stream": True}, "background", "poll"),
+    ("/v1/responses", {"input": "x", "previous_response_id": 7}, "previous_response_id", "a string"),
     ("/v1/responses", {"input": []}, "input", "non-empty"),
     ("/v1/responses", {"input": [{"type": "input_image", "image_url": "x"}]}, "input", "not supported"),
     ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input", "text only"),

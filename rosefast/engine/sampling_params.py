@@ -46,6 +46,8 @@ class SamplingParams:
     logprobs: int = None           # per generated token: its logprob and this many top ones (0-20); None: none
     prompt_logprobs: int = None    # the same for each prompt token after the first (0-20); None: none
     grammar: object = None         # structured output: a rosefast.engine.grammar.Grammar the tokens must follow
+    priority: int = 0              # scheduling (not sampling; it travels with the request's params): lower runs
+                                   # first where the engine schedules by priority (EngineConfig.scheduling)
     processed: bool = field(default=False, init=False, repr=False, compare=False)  # any logit processing
 
     def __post_init__(self):
@@ -68,6 +70,7 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         _int("top_k", self.top_k, -1)
         _number("min_p", self.min_p, 0.0, 1.0)
+        _int("priority", self.priority, -(1 << 31), (1 << 31) - 1)
         _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _number("repetition_penalty", self.repetition_penalty)

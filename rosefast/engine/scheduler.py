@@ -7,12 +7,19 @@ them for more than one bounded step. When blocks run out for decode, the newest 
 preempted (its KV freed, recomputed later; its tokens and sampler state are kept, so the output is
 the same). A counted window pool (rosefast.engine.window_blocks) is counted as well: it sizes prefill chunks
 and admits, grows and preempts as the other pool does.
+
+Scheduling by priority (`scheduling="priority"`, the default): the waiting sequence with the best key — its
+params' `priority` (lower first) less one for every `priority_aging_s` seconds since it arrived, then its
+arrival — is admitted next; where the batch is full or blocks are short, the running sequence with the worst key
+is preempted for it if that key is worse than the waiting one's. The aging bounds a wait: a request of priority
+p passes requests of priority q < p that arrive after it (p - q) x priority_aging_s seconds. With every
+priority equal this is first come, first served; `scheduling="fcfs"` ignores `priority` altogether.
 """
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from rosefast.engine.sequence import SequenceStatus
+from rosefast.engine.waiting import WaitingQueue
 
 
 @dataclass
@@ -34,13 +41,35 @@ class Scheduler:
         self.max_running = min(config.max_batch_size, config.max_active_requests or config.max_batch_size)
         self.prefill_max_batch_size = config.prefill_max_batch_size
         self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.waiting = deque()
+        self.by_priority = getattr(config, "scheduling", "fcfs") == "priority"
+        self.aging_s = getattr(config, "priority_aging_s", 0.0)
+        self.waiting = WaitingQueue(self.by_priority)
         self.running = []
         self.preemptions = 0
         self._decode_next = False
 
     def add(self, seq):
+        seq.arrival = time.perf_counter()
         self.waiting.append(seq)
+
+    def key(self, seq, now):
+        """Where a sequence stands under priority scheduling: lower runs first."""
+        priority = seq.params.priority
+        if self.aging_s:
+            priority -= int((now - seq.arrival) / self.aging_s)
+        return priority, seq.arrival
+
+    def _next_waiting(self, now):
+        return self.waiting.first(lambda s: self.key(s, now))
+
+    def _victim_for(self, seq, now, busy):
+        """Priority scheduling: the running sequence (not in this step) to preempt for waiting `seq` — the one
+        with the worst key, where that is worse than seq's —, or None."""
+        if not self.by_priority:
+            return None
+        mine = self.key(seq, now)[0]
+        worst = max((s for s in self.running if s not in busy), key=lambda s: self.key(s, now), default=None)
+        return worst if worst is not None and self.key(worst, now)[0] > mine else None
 
     def has_room(self):
         """Whether one more sequence may run now (max_batch_size / max_active_requests)."""
@@ -49,6 +78,8 @@ class Scheduler:
     def add_running(self, seq):
         """A sequence that already has its blocks and its K/V (a forked choice) joins the running ones."""
         seq.status = SequenceStatus.RUNNING
+        if seq.arrival is None:
+            seq.arrival = time.perf_counter()
         self.running.append(seq)
 
     def has_work(self):
@@ -82,14 +113,19 @@ class Scheduler:
                 seqs.append(seq)
                 chunks.append(chunk)
                 budget -= chunk
-        while (self.waiting and budget > 0 and len(seqs) < self.prefill_max_batch_size
-               and len(self.running) < self.max_running):
-            seq = self.waiting[0]
-            hit = bm.lookup(seq)
-            if not bm.can_allocate(seq, hit):
-                break
+        now = time.perf_counter()
+        while self.waiting and budget > 0 and len(seqs) < self.prefill_max_batch_size:
+            seq = self._next_waiting(now)
+            room = len(self.running) < self.max_running
+            hit = bm.lookup(seq) if room else None
+            if not (room and bm.can_allocate(seq, hit)):   # the batch is full or blocks are short: a worse one
+                victim = self._victim_for(seq, now, seqs)   # running gives way, if there is one
+                if victim is None:
+                    break
+                self.preempt(victim)
+                continue
             bm.allocate(seq, hit)   # (then out of the queue: a failure here leaves it there, to be aborted)
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             if seq.scheduled_at is None:
                 seq.scheduled_at = time.perf_counter()
             seq.status = SequenceStatus.RUNNING
@@ -150,19 +186,23 @@ class Scheduler:
         return ScheduledStep(False, seqs, [1] * len(seqs), cut_short)
 
     def _newest_running(self, exclude):
+        """The sequence that gives its blocks back first: the newest (by priority: the one with the worst key)."""
+        if self.by_priority:
+            now = time.perf_counter()
+            return max((s for s in self.running if s is not exclude), key=lambda s: self.key(s, now), default=None)
         for seq in reversed(self.running):
             if seq is not exclude:
                 return seq
         return None
 
     def preempt(self, seq):
-        """Free the sequence's KV and put it back at the head of the queue, to be recomputed."""
+        """Free the sequence's KV and put it back in the queue (rosefast.engine.waiting), to be recomputed."""
         self.block_manager.free(seq)
         self.running.remove(seq)
         if seq.wants_prompt_logprobs:   # its prompt is computed again from the start: so are they
             seq.prompt_logprobs = [None]
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        self.waiting.put_back(seq)
         self.preemptions += 1
 
     def finish(self, seq, reason):

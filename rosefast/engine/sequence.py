@@ -12,7 +12,7 @@ class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
                  "window_table", "state_slot", "state_restore", "state_saves", "num_cached", "num_hashed_blocks", "last_hash", "finish_reason", "stop_ids",
                  "scheduled_at", "seed", "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens",
-                 "cache_salt", "speculation")
+                 "cache_salt", "speculation", "arrival")
 
     def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0, fork_ids=()):
         self.request_id = request_id
@@ -30,6 +30,7 @@ class Sequence:
         self.last_hash = None        # the chain hash of the last of them (the next block's chain goes on from it)
         self.finish_reason = None
         self.scheduled_at = None     # perf_counter() when it was first scheduled (prefill start)
+        self.arrival = None          # perf_counter() when the scheduler first took it (priority's tie and its aging)
         self.cached_prompt_tokens = None   # its prompt tokens the prefix cache served, at its first allocation
         self.cache_salt = None       # starts its blocks' hash chain: K/V that equal tokens do not give (long-RoPE)
         self.seed = params.seed if params.seed is not None else seed   # keys its draws, with the position
