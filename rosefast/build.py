@@ -133,6 +133,13 @@ def load_generation_defaults(model):
     return generation_defaults(model)
 
 
+def load_pooling(model):
+    """How a model's prompts become embeddings (rosefast.sources.pooling), for the embeddings route."""
+    from rosefast.sources.pooling import pooling_of
+
+    return pooling_of(model.path)
+
+
 @dataclass
 class BuiltModel:
     module: nn.Module        # forward(input_ids, positions, meta, kv_caches), logits(hidden), head(h)

@@ -142,7 +142,7 @@ class State:
 
 def create_app(config=None, start=True):
     """The WSGI app. `config` defaults to the ROSEFAST_* environment (a bad value raises ConfigError)."""
-    from server import responses_routes, routes, tokenizer_api, ui
+    from server import embeddings_api, responses_routes, routes, tokenizer_api, ui
 
     config = config or server_config_from_env()
     if not logging.getLogger().handlers:
@@ -156,6 +156,7 @@ def create_app(config=None, start=True):
     state = app.extensions["rosefast"] = State(config)
     app.register_blueprint(routes.bp)
     app.register_blueprint(responses_routes.bp)
+    app.register_blueprint(embeddings_api.bp)
     app.register_blueprint(tokenizer_api.bp)
     app.register_blueprint(ui.bp)
 

@@ -145,7 +145,8 @@ class Metrics:
 
 
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/responses": "responses",
-             "/v1/messages": "messages", "/v1/messages/count_tokens": "count_tokens", "/v1/models": "models",
+             "/v1/messages": "messages", "/v1/embeddings": "embeddings", "/v1/messages/count_tokens": "count_tokens",
+             "/v1/models": "models",
              "/tokenize": "tokenize", "/detokenize": "detokenize", "/tokenizer_info": "tokenizer_info"}
 
 

@@ -112,7 +112,7 @@ class BlockManager(BlockPool):
         """The cached leading blocks of `seq` (at most all but its last token), whether the search ended on a
         miss, and their chain hashes. Changes nothing: pass the result to can_allocate and allocate. With a
         window pool the hit ends where the window's blocks before it are cached too."""
-        if not self.enable_prefix_cache or seq.wants_prompt_logprobs:   # every position computed, none skipped
+        if not self.enable_prefix_cache or seq.computes_every_position:   # every position computed, none skipped
             return [], False, []
         bs, found, hashes, prev = self.block_size, [], [], seq.cache_salt
         missed = False

@@ -38,6 +38,7 @@ class StepOutput:
     logprobs: list = None       # when asked: per new token, (its logprob, [(token, logprob)] top k) (raw model)
     prompt_logprobs: list = None  # when asked, with the first token: per prompt token the same (the first: None)
     cached_tokens: int = None     # with the first token: its prompt tokens the prefix cache served
+    embedding: list = None        # an embeddings request's vector (params.pooling; not normalized), with its end
 
 
 @dataclass
@@ -249,6 +250,8 @@ class LLMEngine:
         inputs = [SeqInput(seq.token_ids[seq.num_cached:seq.num_cached + n], seq.num_cached, seq.block_table,
                            seq.cache_salt is LONG_ROPE, seq.window_table, seq.state_slot, save)
                   for seq, n, save in zip(step.seqs, step.chunks, saves)]
+        if step.is_prefill and step.seqs[0].params.pooling is not None:   # embeddings: pooled, nothing sampled
+            return self._pooled(step, self.runner.pool(inputs, [s.params.pooling for s in step.seqs]))
         sampling = [i for i in range(len(step.seqs)) if step.completes(i)] if step.is_prefill \
             else range(len(step.seqs))   # every decoding sequence samples
         full = {i for i, s in enumerate(step.seqs) if s.wants_prompt_logprobs} if step.is_prefill else None
@@ -279,6 +282,28 @@ class LLMEngine:
         tokens, logprobs = self._sample(logits, seqs, allowed)
         outputs = [self._commit_row(seq, token, lp) for seq, token, lp in zip(seqs, tokens, logprobs)]
         return [out for out in outputs if out is not None]
+
+    def _pooled(self, step, pieces):
+        """An embeddings prefill step: each sequence's pooled states gathered; one whose whole prompt is computed
+        ends with its vector (a mean's sum divided by its length)."""
+        outputs = []
+        for seq, n, piece in zip(step.seqs, step.chunks, pieces):
+            seq.num_cached += n
+            self.block_manager.commit(seq)
+            if seq.state_saves:
+                self.block_manager.release_saves(seq)
+            mode = seq.params.pooling
+            if mode == "mean":
+                seq.pooled = piece if seq.pooled is None else seq.pooled + piece
+            elif mode == "last" or seq.pooled is None:   # (cls: the first chunk's)
+                seq.pooled = piece
+            if seq.num_cached < seq.num_tokens:
+                continue
+            vector = seq.pooled / seq.num_tokens if mode == "mean" else seq.pooled
+            outputs.append(StepOutput(seq.request_id, [], True, "stop", scheduled_at=seq.scheduled_at,
+                                      cached_tokens=seq.cached_prompt_tokens, embedding=vector.tolist()))
+            self._end(seq, "stop")
+        return outputs
 
     def _state_saves(self, step):
         """A prefill step of a model whose linear-attention states are saved: each sequence's state copied in from

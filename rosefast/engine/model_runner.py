@@ -213,6 +213,19 @@ class ModelRunner:
         return self.model(input_ids, positions, meta, self.kv.layers)
 
     @torch.inference_mode()
+    def pool(self, seqs, modes):
+        """An embeddings prefill: per sequence, its new tokens' final hidden states (after the final norm) pooled
+        as float32 [hidden] — mean: their sum; last: the last one's; cls: the first one's (its first chunk's)."""
+        input_ids, positions, meta, _ = self.prepare_prefill(seqs, all_logits=True)
+        normed = self.model.final_norm(self.model(input_ids, positions, meta, self.kv.layers)).float()
+        out, start = [], 0
+        for seq, mode in zip(seqs, modes):
+            rows = normed[start:start + len(seq.token_ids)]
+            out.append(rows.sum(0) if mode == "mean" else rows[-1] if mode == "last" else rows[0])
+            start += len(seq.token_ids)
+        return out
+
+    @torch.inference_mode()
     def forward(self, seqs, is_prefill, all_logits=False):
         """Logits for each sequence's last new token, [B, V], in the model's dtype: greedy rows take their
         argmax there (the same index as in fp32); the sampler widens only the rows it samples. In a prefill,

@@ -7,6 +7,7 @@ _INF = float("inf")
 _PLAIN_NUMBER = (float, int)   # exact types: a bool is neither
 MAX_LOGPROBS = 20              # top logprobs per token, at most (OpenAI's limit)
 MAX_LOGIT_BIAS = 100.0         # |bias| at most (OpenAI's limit)
+POOLING_MODES = ("last", "mean", "cls")   # rosefast.sources.pooling.MODES
 MAX_LOGIT_BIAS_TOKENS = 1024   # entries in one logit_bias at most (ours: checking and uploading it is bounded)
 
 
@@ -46,6 +47,8 @@ class SamplingParams:
     logprobs: int = None           # per generated token: its logprob and this many top ones (0-20); None: none
     prompt_logprobs: int = None    # the same for each prompt token after the first (0-20); None: none
     grammar: object = None         # structured output: a rosefast.engine.grammar.Grammar the tokens must follow
+    pooling: str = None            # embeddings: last, mean or cls (rosefast.sources.pooling): the prompt's final
+                                   # hidden states pooled into its one output, nothing sampled
     priority: int = 0              # scheduling (not sampling; it travels with the request's params): lower runs
                                    # first where the engine schedules by priority (EngineConfig.scheduling)
     processed: bool = field(default=False, init=False, repr=False, compare=False)  # any logit processing
@@ -71,6 +74,8 @@ class SamplingParams:
         _int("top_k", self.top_k, -1)
         _number("min_p", self.min_p, 0.0, 1.0)
         _int("priority", self.priority, -(1 << 31), (1 << 31) - 1)
+        if self.pooling is not None and self.pooling not in POOLING_MODES:
+            raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {self.pooling!r}")
         _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
         _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _number("repetition_penalty", self.repetition_penalty)

@@ -101,10 +101,13 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         bm = self.block_manager
         window = bm.counted_window
+        pooled = None   # a step pools (embeddings) or samples, not both: its first sequence says which
         # sequences already admitted whose prefill is unfinished (chunked) go first
         for seq in list(self.running):
             if (seq.status is SequenceStatus.RUNNING and seq.in_prefill and budget > 0
-                    and len(seqs) < self.prefill_max_batch_size):
+                    and len(seqs) < self.prefill_max_batch_size
+                    and (pooled is None or pooled == (seq.params.pooling is not None))):
+                pooled = seq.params.pooling is not None
                 chunk = min(seq.num_tokens - seq.num_cached, budget)
                 if window is not None:
                     chunk = self._window_chunk(seq, chunk, seqs)
@@ -116,6 +119,8 @@ class Scheduler:
         now = time.perf_counter()
         while self.waiting and budget > 0 and len(seqs) < self.prefill_max_batch_size:
             seq = self._next_waiting(now)
+            if pooled is not None and pooled != (seq.params.pooling is not None):
+                break   # the next step takes it
             room = len(self.running) < self.max_running
             hit = bm.lookup(seq) if room else None
             if not (room and bm.can_allocate(seq, hit)):   # the batch is full or blocks are short: a worse one
@@ -126,6 +131,7 @@ class Scheduler:
                 continue
             bm.allocate(seq, hit)   # (then out of the queue: a failure here leaves it there, to be aborted)
             self.waiting.remove(seq)
+            pooled = seq.params.pooling is not None
             if seq.scheduled_at is None:
                 seq.scheduled_at = time.perf_counter()
             seq.status = SequenceStatus.RUNNING

@@ -10,9 +10,10 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "params", "status", "block_table",
-                 "window_table", "state_slot", "state_restore", "state_saves", "num_cached", "num_hashed_blocks", "last_hash", "finish_reason", "stop_ids",
+                 "window_table", "state_slot", "state_restore", "state_saves", "num_cached", "num_hashed_blocks",
+                 "last_hash", "finish_reason", "stop_ids",
                  "scheduled_at", "seed", "prompt_logprobs", "fork_ids", "matcher", "cached_prompt_tokens",
-                 "cache_salt", "speculation", "arrival")
+                 "cache_salt", "speculation", "arrival", "pooled")
 
     def __init__(self, request_id, prompt_token_ids, params, eos_token_ids=(), seed=0, fork_ids=()):
         self.request_id = request_id
@@ -31,6 +32,7 @@ class Sequence:
         self.finish_reason = None
         self.scheduled_at = None     # perf_counter() when it was first scheduled (prefill start)
         self.arrival = None          # perf_counter() when the scheduler first took it (priority's tie and its aging)
+        self.pooled = None           # embeddings: its final hidden states pooled so far (params.pooling)
         self.cached_prompt_tokens = None   # its prompt tokens the prefix cache served, at its first allocation
         self.cache_salt = None       # starts its blocks' hash chain: K/V that equal tokens do not give (long-RoPE)
         self.seed = params.seed if params.seed is not None else seed   # keys its draws, with the position
@@ -63,6 +65,11 @@ class Sequence:
     def wants_prompt_logprobs(self):
         """Its prompt's logprobs are still to be computed (a prefill must cover every prompt position)."""
         return self.prompt_logprobs is not None and self.num_output_tokens == 0
+
+    @property
+    def computes_every_position(self):
+        """No prompt position may come from the prefix cache: its prompt logprobs, or a pooling over positions."""
+        return self.wants_prompt_logprobs or self.params.pooling in ("mean", "cls")
 
     @property
     def finished(self):

@@ -44,7 +44,10 @@ class GPT2Model(nn.Module):
         return x
 
     def logits(self, hidden):
-        return F.linear(self.ln_f(hidden), self.wte.weight)
+        return F.linear(self.final_norm(hidden), self.wte.weight)
+
+    def final_norm(self, hidden):
+        return self.ln_f(hidden)
 
 
 def gpt2_state_dict(hf, args):

@@ -165,8 +165,11 @@ class LlamaModel(nn.Module):
         return x.add_(residual)
 
     def logits(self, hidden):
-        h = layer_ops.for_tensor(hidden).rms_norm(hidden, self.norm, self.args.norm_eps)
-        return self.head(h)
+        return self.head(self.final_norm(hidden))
+
+    def final_norm(self, hidden):
+        """The final norm: the model's last hidden states, as Hugging Face's last_hidden_state."""
+        return layer_ops.for_tensor(hidden).rms_norm(hidden, self.norm, self.args.norm_eps)
 
     def head(self, h):
         """The lm_head alone: hidden [N, hidden] -> logits [N, vocab] (tied: the embedding's weight)."""

@@ -237,6 +237,8 @@ class EngineThread:
                 record.lead.prompt_logprobs = out.prompt_logprobs
             if out.cached_tokens is not None:
                 record.cached_tokens = out.cached_tokens
+            if out.embedding is not None:
+                record.embedding = out.embedding
             t = record.timing
             if t is not None:
                 if out.scheduled_at is not None:

@@ -70,6 +70,7 @@ class SchedulerManager:
         self._tokenize_workers = tokenize_workers
         self._pool = None
         self._freeze_gc = freeze_gc
+        self._pooling = None
         self._engine_thread = EngineThread(engine_config, self.requests, self.outbox, tokenizer=tokenizer,
                                            wrap_tokenizer=wrap_tokenizer, before_step=before_step,
                                            on_ready=self._on_ready, on_dead=on_dead, on_load_error=on_load_error,
@@ -98,6 +99,22 @@ class SchedulerManager:
     @property
     def tokenizer(self):
         return self._engine_thread.tokenizer
+
+    def embedding_pooling(self):
+        """How this model's prompts become embeddings (rosefast.sources.pooling.Pooling, read once); a ValueError
+        that says why where it cannot embed."""
+        if self._pooling is None:
+            model = self.model
+            if model is None or model.source == "stand-in":
+                raise ValueError("the stand-in engine has no model to take hidden states from")
+            from rosefast.build import load_pooling   # (loaded by now)
+
+            self._pooling = load_pooling(model)
+        return self._pooling
+
+    @property
+    def hidden_size(self):
+        return self.engine.args.hidden_size
 
     @property
     def ready(self):
@@ -317,6 +334,19 @@ class SchedulerManager:
             self.requests.remove(records[0].id)
             for record in waiting:
                 self._abort(record)
+
+    def embeddings(self, request_id):
+        """An embeddings request (params.pooling) read to its end: (its vectors in input order, not normalized;
+        its prompts' tokens). Engine failures are raised, as by stream()."""
+        records = self.requests.get(request_id)
+        if records is None:
+            raise KeyError(f"unknown request id {request_id!r} (finished and consumed, or never added)")
+        records = records.choices()
+        for _ in self.stream(request_id):
+            pass
+        if any(r.embedding is None for r in records):
+            raise EngineError("the embeddings request ended without its vectors (aborted)")
+        return [r.embedding for r in records], sum(r.lead.prompt_tokens or 0 for r in records)
 
     def stream_text(self, request_id):
         for chunk in self.stream(request_id):

@@ -24,6 +24,7 @@ the request's whole serving-side state (no other module keeps a map keyed by req
     cached_tokens  its prompt tokens the prefix      the engine thread, before the first chunk
                    cache served
     stop_string    the stop string that ended it     the engine thread, before the final chunk
+    embedding      an embeddings request's vector    the engine thread, before the final chunk
     group, index   its RequestGroup and choice index add_request, before anyone else sees it
 
 A prompt's facts (its length, ids and entries) are kept once, on its lead — the prompt's first choice —
@@ -48,7 +49,7 @@ from rosefast.frontend.collector import StreamOutputCollector
 class Request:
     __slots__ = ("id", "params", "prompt_tokens", "timing", "collector", "signal", "detok", "finished",
                  "aborted", "_slot", "group", "index", "prompt_logprobs", "prompt_ids",
-                 "cached_tokens", "stop_string")
+                 "cached_tokens", "stop_string", "embedding")
 
     def __init__(self, request_id, params, slot, signal, timing=None):
         self.id = request_id
@@ -56,6 +57,7 @@ class Request:
         self.prompt_tokens = None
         self.cached_tokens = 0
         self.stop_string = None
+        self.embedding = None      # an embeddings request's vector, set with its end
         self.timing = timing
         self.collector = StreamOutputCollector()
         self.signal = signal
