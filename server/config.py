@@ -72,6 +72,8 @@ class HTTPSettings:
                                            # `store` then defaults to false), least recently used out first,
     responses_store_bytes: int = 64 << 20  # in at most this many bytes of JSON,
     responses_store_ttl_s: float = 86400.0  # each for at most this long after it was made
+    responses_store_dir: str = ""          # also a file each here: kept over a restart, shared by the workers and
+                                           # replicas given the same directory ("": the worker's memory only)
 
     def __post_init__(self):
         getattr(super(), "__post_init__", lambda: None)()

@@ -50,7 +50,7 @@ class State:
         self.metrics = Metrics(self)
         self.grammar_pool = GrammarPool(config.grammar_threads)
         self.responses = ResponseStore(config.responses_store_entries, config.responses_store_bytes,
-                                       config.responses_store_ttl_s)
+                                       config.responses_store_ttl_s, config.responses_store_dir or None)
         self.off_hub = OffHub(max(1, config.tokenize_workers))   # template rendering and encoding for the routes
         self.started = time.time()
         self.draining = False

@@ -1,13 +1,15 @@
 """The Responses API's stored responses (`store`, `previous_response_id`, `background`, retrieve, delete,
 input_items, cancel): bounded in entries and in bytes of JSON, the least recently used out first, each kept at most
 its time to live, under the caller that made it (server.auth.caller: with several API keys, one key never reads
-another's). In the worker's memory: a restart, or another worker, does not see them (docs/server.md).
+another's). In the worker's memory; with a directory (server.response_files) also in a file each, which a restart
+and every other worker pointed at it read (docs/serving.md#stored-responses).
 
 Every use is in the worker's hub (greenlets), so nothing here locks."""
 import collections
 import time
 
 from server.json_text import dumps
+from server.response_files import ResponseFiles
 
 _REF = 8   # what one shared reference to an earlier turn's item costs here, in bytes
 
@@ -38,11 +40,14 @@ class Stored:
 
 
 class ResponseStore:
-    def __init__(self, max_entries, max_bytes, ttl_s, clock=time.monotonic):
+    def __init__(self, max_entries, max_bytes, ttl_s, directory=None, clock=time.time):
         self.max_entries, self.max_bytes, self.ttl_s, self.clock = max_entries, max_bytes, ttl_s, clock
         self._entries = collections.OrderedDict()   # (owner, id) -> Stored, least recently used first
         self.bytes = 0
         self.evicted = 0   # entries put out for room (not the expired, not the deleted)
+        self.files = ResponseFiles(directory) if directory and self.enabled else None
+        if self.files is not None:
+            self.files.sweep(clock(), ttl_s, max_entries, max_bytes)
 
     def __len__(self):
         return len(self._entries)
@@ -68,19 +73,28 @@ class ResponseStore:
             if now - head.made <= self.ttl_s:
                 break
             self._drop((head.owner, head.id))
+        self._hold(key, stored)
+        if self.files is not None:
+            self.files.write(stored)
+        return True
+
+    def _hold(self, key, stored):
         self._entries[key] = stored
         self.bytes += stored.size
         while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
-            _, out = self._entries.popitem(last=False)
+            (owner, id_), out = self._entries.popitem(last=False)
             self.bytes -= out.size
             self.evicted += 1
-        return True
+            if self.files is not None:
+                self.files.remove(owner, id_)
 
     def get(self, owner, id_):
         """The caller's stored response by its id, or None (never made, another caller's, deleted, put out for
         room, or past its time to live)."""
         key = (owner, id_)
         stored = self._entries.get(key)
+        if self.files is not None and (stored is None or stored.run is None):   # the file says what it is now
+            stored = self._read(key, stored)
         if stored is None:
             return None
         if self.clock() - stored.made > self.ttl_s:
@@ -96,5 +110,22 @@ class ResponseStore:
         self._drop((owner, id_))
         return True
 
+    def _read(self, key, held):
+        """The response as its file has it (another worker may have finished, deleted or put it out), held in
+        memory as this worker's; None where there is no file."""
+        found = self.files.read(*key)
+        if held is not None:
+            self.bytes -= self._entries.pop(key).size
+        if found is None:
+            return None
+        made, response, input_items, context = found
+        stored = Stored(key[0], response, input_items, context)
+        stored.made = made
+        if stored.measure() <= self.max_bytes:
+            self._hold(key, stored)
+        return stored
+
     def _drop(self, key):
         self.bytes -= self._entries.pop(key).size
+        if self.files is not None:
+            self.files.remove(*key)

@@ -216,3 +216,49 @@ def test_the_store_bound_puts_out_the_oldest(keyed):
     with pytest.raises(openai.NotFoundError):
         one.responses.retrieve(ids[0])
     assert [one.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
+
+
+def test_a_directory_keeps_responses_over_a_restart_and_shares_them(tmp_path):
+    clock = Clock()
+    one = ResponseStore(10, 1 << 20, 60, directory=tmp_path, clock=clock)
+    first = _stored("resp_a", owner="k1")
+    one.put(first)
+    two = ResponseStore(10, 1 << 20, 60, directory=tmp_path, clock=clock)   # another worker, or after a restart
+    got = two.get("k1", "resp_a")
+    assert got.response == first.response and got.input_items == first.input_items and got.made == first.made
+    assert two.get("k2", "resp_a") is None and two.get("k1", "../resp_a") is None
+    first.response["status"] = "completed"   # the first worker finishes it: the other reads the change
+    one.put(first)
+    assert two.get("k1", "resp_a").response["status"] == "completed"
+    assert two.delete("k1", "resp_a") and one.get("k1", "resp_a") is None   # deleted for all
+    for i in range(3):
+        one.put(_stored(f"resp_{i}"))
+    clock.now = 100   # past the time to live: a new start sweeps them out
+    ResponseStore(10, 1 << 20, 60, directory=tmp_path, clock=clock)
+    assert not list(tmp_path.glob("*/*.json"))
+
+
+def test_servers_on_one_directory_continue_each_others_chains_and_keep_them_over_a_restart(tiny_llama, tmp_path):
+    env = tiny_env(tiny_llama, responses_store_dir=str(tmp_path))
+    a, b = Server(env), Server(env)
+    try:
+        ca, cb = (openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0) for s in (a, b))
+        first = ca.responses.create(model="tiny", input=QUESTION, max_output_tokens=4, temperature=0)
+        second = cb.responses.create(model="tiny", input=FOLLOW_UP, previous_response_id=first.id,
+                                     max_output_tokens=4, temperature=0)
+        assert second.usage.input_tokens > first.usage.input_tokens + 3   # b rendered a's first turn
+        assert ca.responses.retrieve(second.id).output_text == second.output_text
+        background = ca.responses.create(model="tiny", input=QUESTION, max_output_tokens=8, background=True)
+        assert _until(cb, background.id).status == "incomplete"   # a ran it; b sees it end
+        cb.responses.delete(first.id)
+        with pytest.raises(openai.NotFoundError):
+            ca.responses.retrieve(first.id)
+    finally:
+        a.stop()
+        b.stop()
+    again = Server(env)
+    try:
+        c = openai.OpenAI(base_url=again.url + "/v1", api_key="unused", max_retries=0)
+        assert c.responses.retrieve(second.id).output_text == second.output_text
+    finally:
+        again.stop()
