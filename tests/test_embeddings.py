@@ -199,3 +199,27 @@ def test_every_kind_of_family_embeds_as_hugging_face(family, default_model):
             if out.embedding is not None:
                 pooled[out.request_id] = out.embedding
     assert cosines([pooled[i] for i in ids], hf_vectors(model, TEXTS)).min() >= 0.999
+
+
+def test_a_preempted_embedding_pools_its_prompt_once(tiny_llama):
+    """Preempted halfway through its chunked prefill (a decoding sequence needs its blocks), a mean pooling starts
+    again from nothing: its vector is the one it has alone."""
+    from rosefast.engine.llm_engine import LLMEngine
+    from rosefast.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(model=tiny_llama, dtype="float32", kv_cache_tokens=96, speculative="off",
+                       max_num_batched_tokens=32, enable_prefix_cache=False)   # 6 blocks of 16
+    prompt = list(range(100, 160))   # 4 blocks, pooled in two chunks
+
+    def pooled(rid):
+        found = None
+        while engine.has_unfinished():
+            for out in engine.step().outputs:
+                if out.request_id == rid and out.embedding is not None:
+                    found = out.embedding
+        return found
+    alone = pooled(engine.add_request(prompt, SamplingParams(pooling="mean")))
+    engine.add_request(list(range(31)), SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))   # 2 blocks
+    engine.step()   # its prefill; it decodes into its third block two steps on, when the embedding holds 4
+    got = pooled(engine.add_request(prompt, SamplingParams(pooling="mean", priority=5)))
+    assert engine.scheduler.preemptions == 1 and cosines([got], [alone])[0] >= 0.99999

@@ -207,6 +207,7 @@ class Scheduler:
         self.running.remove(seq)
         if seq.wants_prompt_logprobs:   # its prompt is computed again from the start: so are they
             seq.prompt_logprobs = [None]
+        seq.pooled = None               # (and an embedding's pooling)
         seq.status = SequenceStatus.WAITING
         self.waiting.put_back(seq)
         self.preemptions += 1
