@@ -73,6 +73,10 @@ class EngineConfig:
     seed: int = 0                      # for requests without their own seed
     num_threads: int = 0               # torch intra-op threads on CPU; 0: torch's default
     stand_in_step_ms: float = 0.0      # model "stand-in" (no forward pass): how long each step takes
+    stand_in_token_ms: float = 0.0     # and how much longer a prefill step takes per prompt token it computes
+    itl_target_ms: float = 0.0         # the gap a decoding stream may see while prompts prefill beside it: each
+                                       # prefill step's tokens sized to it from the steps' measured costs
+                                       # (rosefast.engine.step_budget); 0: three times a decode step's
     quantization: str = "auto"         # auto: a GGUF's own blocks on CPU (Q4_0/Q4_1, Q5_0/Q5_1, Q8_0, Q4_K,
                                        # Q5_K, Q6_K, any mix; the embedded default model's int4), else none;
                                        # none, int8, int4: weight-only linear layers on CPU (rosefast.models.quantized)
@@ -110,6 +114,10 @@ class EngineConfig:
         if self.max_active_requests > self.max_batch_size:   # it can only lower the running batch
             raise ValueError(f"max_active_requests must be at most max_batch_size ({self.max_batch_size}): it caps "
                              f"the sequences running at once below the decode batch; got {self.max_active_requests}")
+        for name in ("stand_in_token_ms", "itl_target_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60_000:
+                raise ValueError(f"{name} must be a number of milliseconds in [0, 60000], got {value!r}")
         if isinstance(self.stand_in_step_ms, bool) or not isinstance(self.stand_in_step_ms, (int, float)) \
                 or not 0 <= self.stand_in_step_ms <= 60_000:
             raise ValueError(f"stand_in_step_ms must be a number of milliseconds in [0, 60000], "

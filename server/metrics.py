@@ -40,6 +40,11 @@ ENGINE_LIVE = (
     (CounterMetricFamily, "rosefast_prefix_cache_evictions", "cached blocks evicted", "prefix_cache_evictions"),
     (CounterMetricFamily, "rosefast_preemptions", "sequences preempted", "preemptions"),
     (CounterMetricFamily, "rosefast_engine_steps", "engine steps run", "steps"),
+    (GaugeMetricFamily, "rosefast_prefill_budget_tokens", "prompt tokens a prefill step may take beside decoding "
+                                                          "streams (ROSEFAST_ITL_TARGET_MS)", "prefill_budget_tokens"),
+    (GaugeMetricFamily, "rosefast_decode_step_seconds", "a decode step's recent cost", "decode_step_seconds"),
+    (GaugeMetricFamily, "rosefast_prefill_token_seconds", "a prefill step's measured cost per prompt token",
+     "prefill_token_seconds"),
     (GaugeMetricFamily, "rosefast_running_requests", "sequences in the engine", "running"),
     (GaugeMetricFamily, "rosefast_waiting_requests", "sequences waiting for admission to the engine", "waiting"),
     (CounterMetricFamily, "rosefast_spec_proposed_tokens", "speculative decoding: tokens proposed", "spec_proposed"),

@@ -191,6 +191,8 @@ class LLMEngine:
                 "prefix_cache_hits": bm.hits,
                 "prefix_cache_misses": bm.misses, "prefix_cache_evictions": bm.evictions,
                 "preemptions": sched.preemptions, "steps": self.steps, "running": len(sched.running),
+                "prefill_budget_tokens": sched.budget.tokens, "decode_step_seconds": sched.budget.decode_s or 0.0,
+                "prefill_token_seconds": (sched.budget.fit() or (0.0, 0.0))[1],
                 "waiting": len(sched.waiting), "sequences": len(self.seqs), "forks": self.forks,
                 **self.speculator.stats()}
 
@@ -213,7 +215,9 @@ class LLMEngine:
             scheduled = step.seqs
             if self._before_step is not None:
                 self._before_step(self.steps, [s.request_id for s in scheduled])
+            start = time.perf_counter()
             outputs += self._run(step)
+            self.scheduler.budget.observe(step.is_prefill, sum(step.chunks), time.perf_counter() - start)
             errors = self._row_errors   # rows that failed alone; the rest go on
             if errors:
                 return StepResult(outputs, list(errors), next(iter(errors.values())), errors)

@@ -3,10 +3,11 @@
 Each step is a prefill of admitted waiting sequences (at most `prefill_max_batch_size` sequences and
 `max_num_batched_tokens` tokens; a longer prompt is prefilled in chunks across steps) or a decode of
 all running sequences. After a prefill step, running decodes go next, so a long prompt never stalls
-them for more than one bounded step. When blocks run out for decode, the newest running sequence is
-preempted (its KV freed, recomputed later; its tokens and sampler state are kept, so the output is
-the same). A counted window pool (rosefast.engine.window_blocks) is counted as well: it sizes prefill chunks
-and admits, grows and preempts as the other pool does.
+them for more than one bounded step — bounded by what the decoding streams may wait
+(rosefast.engine.step_budget: the prefill's tokens sized from the steps' measured costs). When blocks run out
+for decode, the newest running sequence is preempted (its KV freed, recomputed later; its tokens and sampler
+state are kept, so the output is the same). A counted window pool (rosefast.engine.window_blocks) is counted
+as well: it sizes prefill chunks and admits, grows and preempts as the other pool does.
 
 Scheduling by priority (`scheduling="priority"`, the default): the waiting sequence with the best key — its
 params' `priority` (lower first) less one for every `priority_aging_s` seconds since it arrived, then its
@@ -19,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from rosefast.engine.sequence import SequenceStatus
+from rosefast.engine.step_budget import StepBudget
 from rosefast.engine.waiting import WaitingQueue
 
 
@@ -44,6 +46,8 @@ class Scheduler:
         self.by_priority = getattr(config, "scheduling", "fcfs") == "priority"
         self.aging_s = getattr(config, "priority_aging_s", 0.0)
         self.waiting = WaitingQueue(self.by_priority)
+        self.budget = StepBudget(config.max_num_batched_tokens, getattr(config, "itl_target_ms", 0.0),
+                                 getattr(config, "block_size", 16))   # a prefill step's tokens beside decodes
         self.running = []
         self.preemptions = 0
         self._decode_next = False
@@ -89,16 +93,15 @@ class Scheduler:
         """The next step (with no sequences when nothing can run)."""
         decodable = any(not s.in_prefill for s in self.running)
         if not (self._decode_next and decodable):
-            step = self._schedule_prefill()
+            step = self._schedule_prefill(self.budget.tokens if decodable else self.max_num_batched_tokens)
             if step is not None:
                 self._decode_next = True
                 return step
         self._decode_next = False
         return self._schedule_decode()
 
-    def _schedule_prefill(self):
+    def _schedule_prefill(self, budget):
         seqs, chunks = [], []
-        budget = self.max_num_batched_tokens
         bm = self.block_manager
         window = bm.counted_window
         pooled = None   # a step pools (embeddings) or samples, not both: its first sequence says which

@@ -101,10 +101,12 @@ class StandInRunner:
                                           torch.device("cpu"))[0])
         self.sampler = StandInSampler(stand_in_tokens(load_tokenizer(model)))
         self.step_seconds = config.stand_in_step_ms / 1000.0
+        self.token_seconds = config.stand_in_token_ms / 1000.0
 
     def forward(self, seqs, is_prefill, all_logits=False):
-        if self.step_seconds:
-            time.sleep(self.step_seconds)
+        wait = self.step_seconds + (self.token_seconds * sum(len(s.token_ids) for s in seqs) if is_prefill else 0)
+        if wait:
+            time.sleep(wait)
         if all_logits and all_logits is not True:
             return _Rows(sum(len(s.token_ids) if i in all_logits else 1 for i, s in enumerate(seqs)))
         return _Rows(sum(len(s.token_ids) for s in seqs) if all_logits else len(seqs))
