@@ -87,3 +87,24 @@ def test_a_long_prompt_beside_a_decoding_stream_prefills_in_chunks(beside, defau
         assert chunks >= 8 and stream.num_output_tokens - decoded >= chunks - 1   # it decoded between them
     else:
         assert chunks == 2
+
+
+def test_short_prompts_beside_decodes_go_whole_past_the_cap():
+    """The cap bounds a long prompt's chunks; prompts within it are admitted whole, as many as the step's limits
+    take (holding them back would trade their TTFT for a bound they do not threaten)."""
+    config = EngineConfig(model="unused", block_size=4, max_batch_size=8, max_num_batched_tokens=512,
+                          speculative="off")
+    scheduler = Scheduler(config, BlockManager(1000, 4, enable_prefix_cache=False))
+    scheduler.budget = _measured(max_tokens=512)   # 180
+    short = Sequence("short", [1, 2, 3], SamplingParams(max_tokens=50))
+    scheduler.add(short)
+    scheduler.schedule()
+    short.num_cached = 3
+    short.token_ids.append(9)
+    for i in range(4):
+        scheduler.add(Sequence(f"p{i}", [10 + i] * 100, SamplingParams(max_tokens=2)))
+    scheduler.add(Sequence("long", list(range(1000)), SamplingParams(max_tokens=2)))
+    scheduler.schedule()   # the decode
+    step = scheduler.schedule()
+    assert [s.request_id for s in step.seqs] == ["p0", "p1", "p2", "p3"] and step.chunks == [100] * 4
+    assert [s.request_id for s in scheduler.waiting] == ["long"]   # nothing left of the cap for it in this step

@@ -33,6 +33,8 @@ def build_parser():
     a("--model", default=ENGINE["model"],
       help="smollm2-135m (default), tiny, stand-in (no model: sizes the frontend), a HF directory or a .gguf")
     a("--stand-in-step-ms", type=float, default=ENGINE["stand_in_step_ms"], help="with --model stand-in: how long each engine step takes")
+    a("--itl-target-ms", type=float, default=ENGINE["itl_target_ms"],
+      help="the gap a decoding stream may see beside prefills (0: 3 x a decode step; 60000: no budget)")
     a("--client", choices=("httpx", "raw"), default="httpx",
       help="--url: httpx (default) or raw (a lean asyncio SSE client, for thousands of streams)")
     a("--device", default=ENGINE["device"])
@@ -124,7 +126,7 @@ def make_manager(args, waker="thread"):
         max_inflight_requests=args.max_inflight_requests or None, tokenize_workers=args.tokenize_workers,
         record_token_timestamps=True, enable_prefix_cache=not args.no_prefix_cache,
         cuda_graph=not args.no_cuda_graph, kv_cache_tokens=args.kv_cache_tokens, seed=args.seed,
-        stand_in_step_ms=args.stand_in_step_ms, before_step=before_step, speculative=args.speculative,
+        stand_in_step_ms=args.stand_in_step_ms, itl_target_ms=args.itl_target_ms, before_step=before_step, speculative=args.speculative,
         speculative_tokens=args.speculative_tokens, quantization=args.quantization, waker=waker)
 
 

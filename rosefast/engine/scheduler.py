@@ -93,15 +93,20 @@ class Scheduler:
         """The next step (with no sequences when nothing can run)."""
         decodable = any(not s.in_prefill for s in self.running)
         if not (self._decode_next and decodable):
-            step = self._schedule_prefill(self.budget.tokens if decodable else self.max_num_batched_tokens)
+            step = self._schedule_prefill(self.budget.tokens if decodable else None)
             if step is not None:
                 self._decode_next = True
                 return step
         self._decode_next = False
         return self._schedule_decode()
 
-    def _schedule_prefill(self, budget):
+    def _schedule_prefill(self, cap=None):
+        """A prefill step: at most prefill_max_batch_size sequences and max_num_batched_tokens tokens; with
+        streams decoding, `cap` (the ITL budget's tokens) bounds what the step gives a long prompt — one with
+        more tokens left than `cap`, chunked to what the step's other tokens leave of it —, while a prompt within
+        it goes whole, as without streams (short prompts are not held back for a bound they do not threaten)."""
         seqs, chunks = [], []
+        budget = self.max_num_batched_tokens
         bm = self.block_manager
         window = bm.counted_window
         pooled = None   # a step pools (embeddings) or samples, not both: its first sequence says which
@@ -110,8 +115,10 @@ class Scheduler:
             if (seq.status is SequenceStatus.RUNNING and seq.in_prefill and budget > 0
                     and len(seqs) < self.prefill_max_batch_size
                     and (pooled is None or pooled == (seq.params.pooling is not None))):
+                chunk = self._chunk(seq, budget, cap)
+                if chunk <= 0:
+                    continue
                 pooled = seq.params.pooling is not None
-                chunk = min(seq.num_tokens - seq.num_cached, budget)
                 if window is not None:
                     chunk = self._window_chunk(seq, chunk, seqs)
                     if chunk <= 0:
@@ -124,6 +131,8 @@ class Scheduler:
             seq = self._next_waiting(now)
             if pooled is not None and pooled != (seq.params.pooling is not None):
                 break   # the next step takes it
+            if cap is not None and seq.num_tokens > cap and cap <= self.max_num_batched_tokens - budget:
+                break   # a long prompt, and nothing left of the cap: the next step
             room = len(self.running) < self.max_running
             hit = bm.lookup(seq) if room else None
             if not (room and bm.can_allocate(seq, hit)):   # the batch is full or blocks are short: a worse one
@@ -139,13 +148,22 @@ class Scheduler:
                 seq.scheduled_at = time.perf_counter()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            chunk = min(seq.num_tokens - seq.num_cached, budget)
+            chunk = self._chunk(seq, budget, cap)
             if window is not None:   # (can_allocate left its first new tokens a block)
                 chunk = self._window_chunk(seq, chunk, seqs)
             seqs.append(seq)
             chunks.append(chunk)
             budget -= chunk
         return ScheduledStep(True, seqs, chunks) if seqs else None
+
+    def _chunk(self, seq, budget, cap):
+        """What this step computes of seq's prompt: all that is left within the step's tokens, a long prompt's
+        share of the cap beside decoding streams."""
+        left = seq.num_tokens - seq.num_cached
+        chunk = min(left, budget)
+        if cap is not None and left > cap:
+            chunk = min(chunk, cap - (self.max_num_batched_tokens - budget))
+        return chunk
 
     def _window_chunk(self, seq, chunk, seqs):
         """A counted window pool: the part of `chunk` its free blocks hold, taken now (so the next sequence's
