@@ -12,8 +12,8 @@ from flask import Blueprint, current_app, request
 from rosefast.serving.values import SamplingParams
 from server import disconnect
 from server.body import read_json_body
-from server.errors import MANAGER_ERRORS, APIError, api_error, bad_request, json_response
-from server.generation import ready_manager
+from server.errors import MANAGER_ERRORS, api_error, bad_request, json_response
+from server.generation import check_model, ready_manager
 from server.metrics import count_request
 from server.request_fields import check_known, plain_text
 
@@ -54,9 +54,7 @@ def embeddings():
     manager = ready_manager(state)
     body = read_json_body()
     check_known(body, FIELDS)
-    if body.get("model") is not None and body["model"] != state.model_name:
-        raise APIError(404, f"the model '{str(body['model'])[:200]}' does not exist; this server serves "
-                            f"'{state.model_name}'", "not_found_error", "model", "model_not_found")
+    check_model(state, body.get("model"))
     inputs = _inputs(body.get("input"))
     fmt = body.get("encoding_format", "float")
     if fmt not in ("float", "base64"):

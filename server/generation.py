@@ -98,10 +98,15 @@ def _translated(state, translate):
     manager = ready_manager(state)
     body = read_json_body()
     gen = translate(body)
-    if gen.model is not None and gen.model != state.model_name:
-        raise APIError(404, f"the model '{str(gen.model)[:200]}' does not exist; this server serves "
-                            f"'{state.model_name}'", "not_found_error", "model", "model_not_found")
+    check_model(state, gen.model)
     return manager, body, gen
+
+
+def check_model(state, model):
+    """A 404 for a `model` that names another model than this server's (None: this server's)."""
+    if model is not None and model != state.model_name:
+        raise APIError(404, f"the model '{str(model)[:200]}' does not exist; this server serves "
+                            f"'{state.model_name}'", "not_found_error", "model", "model_not_found")
 
 
 def chat_prompt(manager, messages, calls=None, template_kwargs=None, field="messages"):

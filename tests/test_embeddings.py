@@ -223,3 +223,9 @@ def test_a_preempted_embedding_pools_its_prompt_once(tiny_llama):
     engine.step()   # its prefill; it decodes into its third block two steps on, when the embedding holds 4
     got = pooled(engine.add_request(prompt, SamplingParams(pooling="mean", priority=5)))
     assert engine.scheduler.preemptions == 1 and cosines([got], [alone])[0] >= 0.99999
+
+
+def test_another_model_is_a_404(server):
+    r = requests.post(server.url + "/v1/embeddings", json={"input": "x", "model": "text-embedding-3-small"},
+                      timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
