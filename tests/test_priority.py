@@ -4,6 +4,7 @@ aging that bounds a wait, first come first served when asked; then the engine (t
 equal to their run alone) and a real gunicorn (a high-priority request served while a full batch of low ones
 runs, every low one whole, /metrics by priority class)."""
 import threading
+import time
 
 import pytest
 import requests
@@ -168,7 +169,10 @@ def test_a_high_priority_request_is_served_beside_a_full_batch_of_low_ones(two_r
     lows = [threading.Thread(target=_stream, args=(two_rows, 3, 400, ends, f"low{i}")) for i in range(4)]
     for t in lows:
         t.start()
-    requests.post(two_rows.url + "/v1/completions", json={"prompt": "warm", "max_tokens": 1}, timeout=60)
+    for _ in range(600):   # until both rows are held by low ones and the other two wait (counts, polled)
+        if two_rows.metric("rosefast_running_requests") == 2 and two_rows.metric("rosefast_waiting_requests") == 2:
+            break
+        time.sleep(0.05)
     _stream(two_rows, -2, 4, ends, "high")
     for t in lows:
         t.join(120)
